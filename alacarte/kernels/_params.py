@@ -1,0 +1,59 @@
+"""Constraint and prior plumbing, written once for every kernel parameter.
+
+GPyTorch stores a constrained parameter ``foo`` as ``raw_foo`` plus
+``raw_foo_constraint`` (and optionally ``foo_prior``) and exposes ``foo`` as a
+property.  :class:`ConstrainedParameter` is that property, and
+:func:`register_constrained_parameter` does the registration, so kernels
+declare ``radius = ConstrainedParameter()`` and call the function once.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+
+import torch
+from gpytorch.constraints import Interval
+from gpytorch.priors import Prior
+from torch import Tensor
+
+
+class ConstrainedParameter:
+    """Class attribute that reads and writes ``raw_<name>`` through its constraint."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, module, owner=None):
+        if module is None:
+            return self
+        raw = getattr(module, f"raw_{self.name}")
+        return getattr(module, f"raw_{self.name}_constraint").transform(raw)
+
+    def __set__(self, module, value) -> None:
+        _set_constrained(self.name, module, value)
+
+
+def _set_constrained(name: str, module, value) -> None:
+    raw = getattr(module, f"raw_{name}")
+    value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
+    constraint = getattr(module, f"raw_{name}_constraint")
+    module.initialize(**{f"raw_{name}": constraint.inverse_transform(value).expand_as(raw)})
+
+
+def register_constrained_parameter(
+    module,
+    name: str,
+    value: Tensor,
+    constraint: Interval,
+    prior: Prior | None = None,
+) -> None:
+    """Register ``raw_<name>`` (initialised so that ``module.<name> == value``), its
+    constraint and, if given, ``<name>_prior``.  The class must declare
+    ``<name> = ConstrainedParameter()``."""
+    module.register_parameter(f"raw_{name}", torch.nn.Parameter(constraint.inverse_transform(value)))
+    module.register_constraint(f"raw_{name}", constraint)
+    if prior is not None:
+        # attrgetter/partial rather than lambdas: kernels must stay picklable.
+        module.register_prior(
+            f"{name}_prior", prior, operator.attrgetter(name), functools.partial(_set_constrained, name)
+        )

@@ -1,0 +1,119 @@
+"""The base class of every explicit-feature kernel."""
+from __future__ import annotations
+
+import torch
+from gpytorch.constraints import Interval, Positive
+from gpytorch.kernels import Kernel
+from gpytorch.priors import Prior
+from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator
+from torch import Tensor
+
+from .._validation import check_positive_int
+from ..features.fourier import fourier_features
+from ._params import ConstrainedParameter, register_constrained_parameter
+
+__all__ = ["FeatureKernel"]
+
+
+def resolve_seed(seed: int | None) -> int:
+    """A given seed, or one drawn from torch's global generator (so that
+    ``torch.manual_seed`` governs kernels created without one)."""
+    if seed is None:
+        return int(torch.randint(0, 2**62, (1,)).item())
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+    return seed
+
+
+class FeatureKernel(Kernel):
+    r"""A stationary kernel given by an explicit random Fourier feature map.
+
+    .. math::
+        k(x, x') \approx \varphi(x)^\top \varphi(x'),\qquad
+        \varphi(x) = \frac{\sigma_f}{\sqrt{M}}\,[\cos(\Omega x), \sin(\Omega x)]
+        \in \mathbb{R}^{2M}
+
+    The signal variance :math:`\sigma_f^2` (``outputscale``) lives **inside** the
+    features, so ``k(x, x) = σ_f²`` exactly and the Woodbury likelihood needs
+    nothing but :math:`\Phi`.  Do not wrap these kernels in a ``ScaleKernel``.
+
+    Subclasses implement :meth:`projection` (the n×M matrix :math:`X\Omega^\top`)
+    and may override :meth:`feature_scale` and :meth:`prior_variance`.
+
+    ``forward(x1, x2)`` returns a ``LowRankRootLinearOperator`` of the features
+    when ``x1`` equals ``x2``, a ``MatmulLinearOperator`` of the two feature
+    matrices otherwise, and ``k(x, x)`` without computing features for
+    ``diag=True`` on equal inputs.
+
+    Args:
+        num_dims: input dimension ``d`` (the random state depends on it).
+        num_samples: number of frequencies ``M``; there are ``D = 2M`` features.
+        outputscale_prior, outputscale_constraint: for :math:`\sigma_f^2`.
+        **kwargs: passed to :class:`gpytorch.kernels.Kernel` (``ard_num_dims``,
+            ``batch_shape``, ``active_dims``, ``lengthscale_prior`` …).
+    """
+
+    outputscale = ConstrainedParameter()
+
+    def __init__(
+        self,
+        num_dims: int,
+        num_samples: int,
+        *,
+        outputscale_prior: Prior | None = None,
+        outputscale_constraint: Interval | None = None,
+        **kwargs,
+    ):
+        check_positive_int(num_dims, "num_dims")
+        check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
+        ard_num_dims = kwargs.get("ard_num_dims")
+        if ard_num_dims is not None and ard_num_dims not in (1, num_dims):
+            raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
+        super().__init__(**kwargs)
+        self.num_dims = num_dims
+        self.num_samples = num_samples
+        register_constrained_parameter(
+            self,
+            "outputscale",
+            torch.ones(self.batch_shape),
+            outputscale_constraint or Positive(),
+            outputscale_prior,
+        )
+
+    @property
+    def num_features(self) -> int:
+        """D = 2M, the length of φ(x)."""
+        return 2 * self.num_samples
+
+    def projection(self, x: Tensor) -> Tensor:
+        """ωᵢᵀx for all frequencies: (..., n, d) → (..., n, M)."""
+        raise NotImplementedError
+
+    def feature_scale(self) -> Tensor:
+        """Weight of each cos/sin pair, broadcastable to (*batch, 1, M)."""
+        return (self.outputscale / self.num_samples).sqrt().view(*self.batch_shape, 1, 1)
+
+    def prior_variance(self) -> Tensor:
+        """k(x, x) = ‖φ(x)‖², identical for every x; shape (*batch,)."""
+        return self.outputscale
+
+    def features(self, x: Tensor) -> Tensor:
+        """The feature matrix Φ, (..., n, d) → (..., n, 2M)."""
+        if x.shape[-1] != self.num_dims:
+            raise ValueError(f"{type(self).__name__} was built for {self.num_dims} input dimensions, got {x.shape[-1]}")
+        return fourier_features(self.projection(x), self.feature_scale())
+
+    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
+        if last_dim_is_batch:
+            raise ValueError(f"{type(self).__name__} does not support last_dim_is_batch (deprecated in GPyTorch)")
+        same = x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
+        if diag and same:
+            batch = torch.broadcast_shapes(x1.shape[:-2], self.batch_shape)
+            return self.prior_variance().view(*self.batch_shape, 1).expand(*batch, x1.shape[-2])
+        z1 = self.features(x1)
+        z2 = z1 if same else self.features(x2)
+        if diag:
+            return (z1 * z2).sum(-1)
+        if same:
+            return LowRankRootLinearOperator(z1)
+        return MatmulLinearOperator(z1, z2.transpose(-1, -2))

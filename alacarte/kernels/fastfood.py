@@ -1,0 +1,123 @@
+"""Fastfood kernels: fixed RBF/ARD, FSARD and FSGBARD (MATH.md §2–3)."""
+from __future__ import annotations
+
+import torch
+from gpytorch.constraints import Interval, Positive
+from gpytorch.priors import Prior
+from torch import Tensor
+
+from ..features.fastfood import draw_fastfood_state, fastfood_project
+from ._params import ConstrainedParameter, register_constrained_parameter
+from .base import FeatureKernel, resolve_seed
+
+__all__ = ["FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel"]
+
+_STRATEGIES = ("auto", "dense", "fwht")
+
+
+class FastfoodRBFKernel(FeatureKernel):
+    r"""RBF / ARD kernel approximated by a fixed Fastfood expansion.
+
+    .. math::
+        k(x, x') = \sigma_f^2 \exp\!\big(-\tfrac12 \|(x - x') / \ell\|^2\big)
+        \approx \varphi(x)^\top\varphi(x'),\qquad
+        \Omega = V\,\mathrm{diag}(1/\ell),\quad V_k = S_k H G_k \Pi_k H B_k
+
+    with ``K = ceil(M/p)`` blocks of size ``p = 2^ceil(log2 d)``, signs
+    :math:`B_k`, permutations :math:`\Pi_k`, Gaussian diagonals :math:`G_k` and
+    radii :math:`s_i \sim \chi_p` (so every row of ``V`` is distributed like
+    :math:`N(0, I)`), all drawn once from ``seed`` and stored as buffers.
+    Learnable: ``lengthscale`` (one, or ``d`` with ``ard_num_dims=d``) and
+    ``outputscale``.
+
+    Args:
+        num_dims: input dimension ``d``.
+        num_samples: number of frequencies ``M`` (``D = 2M`` features).
+        seed: seed of the random state; ``None`` draws one from torch's RNG.
+        strategy: ``"fwht"`` (two transforms per block), ``"dense"`` (materialise
+            the M×d frequency matrix, one GEMM) or ``"auto"`` (the faster one for
+            this ``d``); all give the same features to round-off.
+
+    Example:
+        >>> kernel = FastfoodRBFKernel(num_dims=8, num_samples=1024, ard_num_dims=8, seed=0)
+        >>> x = torch.randn(100, 8)
+        >>> kernel(x).to_dense().shape
+        torch.Size([100, 100])
+    """
+
+    has_lengthscale = True
+    _learn_radius = False
+    _learn_blocks = False
+
+    def __init__(
+        self,
+        num_dims: int,
+        num_samples: int,
+        *,
+        seed: int | None = None,
+        strategy: str = "auto",
+        radius_prior: Prior | None = None,
+        radius_constraint: Interval | None = None,
+        **kwargs,
+    ):
+        super().__init__(num_dims, num_samples, **kwargs)
+        if strategy not in _STRATEGIES:
+            raise ValueError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
+        self.strategy = strategy
+        self.seed = resolve_seed(seed)
+        state = draw_fastfood_state(num_dims, num_samples, self.batch_shape, self.seed)
+        dtype = self.raw_outputscale.dtype
+
+        def real(array) -> Tensor:
+            return torch.as_tensor(array, dtype=dtype)
+
+        self.register_buffer("perm", torch.as_tensor(state.perm))
+        for name, array in (("sign", state.sign), ("gauss", state.gauss)):
+            if self._learn_blocks:
+                self.register_parameter(name, torch.nn.Parameter(real(array)))
+            else:
+                self.register_buffer(name, real(array))
+        if self._learn_radius:
+            register_constrained_parameter(
+                self, "radius", real(state.radius), radius_constraint or Positive(), radius_prior
+            )
+        else:
+            if radius_prior is not None or radius_constraint is not None:
+                raise ValueError(f"{type(self).__name__} has fixed radii; use FSARDKernel to learn them")
+            self.register_buffer("radius", real(state.radius))
+
+    def projection(self, x: Tensor) -> Tensor:
+        return fastfood_project(x / self.lengthscale, self.sign, self.perm, self.gauss, self.radius, self.strategy)
+
+
+class FSARDKernel(FastfoodRBFKernel):
+    r"""Fastfood ARD kernel with a learned radial spectrum (FSARD).
+
+    As :class:`FastfoodRBFKernel`, but the ``M`` radii :math:`s_i` (initialised
+    :math:`\chi_p`) are learnable positive parameters: the frequency directions
+    stay random, their lengths — the radial spectral density — are learned.
+
+    Example:
+        >>> kernel = FSARDKernel(num_dims=8, num_samples=512, ard_num_dims=8, seed=0)
+        >>> kernel.radius.shape
+        torch.Size([512])
+    """
+
+    _learn_radius = True
+    radius = ConstrainedParameter()
+
+
+class FSGBARDKernel(FSARDKernel):
+    r"""FSARD plus learnable Fastfood diagonals ``G`` and ``B`` (FSGBARD).
+
+    ``gauss`` (initialised :math:`N(0,1)`) and ``sign`` (initialised ±1, then
+    real-valued) become parameters; ``S`` keeps normalising each row by
+    :math:`\sqrt p\,\|g_k\|`, so at initialisation the kernel equals FSARD.
+
+    Example:
+        >>> kernel = FSGBARDKernel(num_dims=8, num_samples=512, ard_num_dims=8, seed=0)
+        >>> sorted(n for n, _ in kernel.named_parameters())[:3]
+        ['gauss', 'raw_lengthscale', 'raw_outputscale']
+    """
+
+    _learn_blocks = True
