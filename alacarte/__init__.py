@@ -1,1 +1,32 @@
+"""alacarte: expressive GP kernels on Fastfood feature maps, with Woodbury likelihoods.
+
+Public surface: the kernels, the models, the marginal likelihood and the
+training entry point.  Building blocks live in the submodules
+(:mod:`alacarte.ops`, :mod:`alacarte.features`, :mod:`alacarte.woodbury`).
+"""
+from .kernels import (
+    FastfoodRBFKernel,
+    FeatureKernel,
+    FSARDKernel,
+    FSGBARDKernel,
+    RandomFourierKernel,
+    SSGPRKernel,
+)
+from .mll import WoodburyMarginalLogLikelihood
+from .models import ExactRBFGP, FeatureGP
+from .training import fit
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "FeatureKernel",
+    "FastfoodRBFKernel",
+    "FSARDKernel",
+    "FSGBARDKernel",
+    "RandomFourierKernel",
+    "SSGPRKernel",
+    "FeatureGP",
+    "ExactRBFGP",
+    "WoodburyMarginalLogLikelihood",
+    "fit",
+]

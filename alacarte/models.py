@@ -1,0 +1,243 @@
+"""GP models: the feature-space GP (Woodbury) and exact RBF/ARD baselines.
+
+Both share one fit/predict API: :func:`alacarte.fit` standardises inputs and
+targets and stores the transformation in the model's buffers, so
+:meth:`predict` takes and returns original units.  ``model(x)`` and
+``likelihood(model(x))`` behave as in any GPyTorch ``ExactGP`` and work in the
+model's internal (standardised) units.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import gpytorch
+
+import torch
+from gpytorch.distributions import MultivariateNormal
+from gpytorch.kernels import RBFKernel, ScaleKernel
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean
+from gpytorch.models import ExactGP
+from linear_operator.operators import LowRankRootLinearOperator
+from torch import Tensor
+
+from ._validation import as_tensor, check_inputs, check_targets
+from .kernels.base import FeatureKernel
+from .mll import homoskedastic_noise
+from .woodbury import WoodburyPosterior, sufficient_statistics
+
+__all__ = ["Prediction", "FeatureGP", "ExactRBFGP"]
+
+# Rows per prediction chunk are chosen so that one chunk's features take about this much.
+_CHUNK_BYTES = 32 * 2**20
+
+
+class Prediction(NamedTuple):
+    """Predictive moments in the targets' original units.
+
+    ``variance`` (latent f*) and ``observed_variance`` (y* = f* + noise) are
+    ``None`` when only the mean was asked for.
+    """
+
+    mean: Tensor
+    variance: Tensor | None
+    observed_variance: Tensor | None
+
+
+class _StandardizedGP(ExactGP):
+    """ExactGP plus affine input/target standardisation kept in buffers."""
+
+    def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
+        likelihood = likelihood if likelihood is not None else GaussianLikelihood()
+        dtype = torch.get_default_dtype()
+        if train_x is not None:
+            train_x = check_inputs(as_tensor(train_x, "train_x", dtype), "train_x", num_dims)
+            train_y = check_targets(as_tensor(train_y, "train_y", dtype), train_x.shape[0], "train_y")
+        super().__init__(train_x, train_y, likelihood)
+        self.num_dims = num_dims
+        self.mean_module = ConstantMean()
+        self.register_buffer("input_offset", torch.zeros(num_dims))
+        self.register_buffer("input_scale", torch.ones(num_dims))
+        self.register_buffer("target_offset", torch.zeros(()))
+        self.register_buffer("target_scale", torch.ones(()))
+
+    # -- units --------------------------------------------------------------------------
+    def standardize(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Set the transformation from data (mean 0, std 1 per column) and apply it."""
+        x_scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
+        y_scale = y.std() if y.shape[0] > 1 else torch.ones_like(y[0])
+        self.input_offset.copy_(x.mean(0))
+        self.input_scale.copy_(torch.where(x_scale > 0, x_scale, torch.ones_like(x_scale)))
+        self.target_offset.copy_(y.mean())
+        self.target_scale.copy_(y_scale if y_scale > 0 else torch.ones_like(y_scale))
+        return self.internal_inputs(x), (y - self.target_offset) / self.target_scale
+
+    def internal_inputs(self, x: Tensor) -> Tensor:
+        return (x - self.input_offset) / self.input_scale
+
+    def _model_dtype(self) -> torch.dtype:
+        return self.input_offset.dtype
+
+    def check_data(self, x, y=None) -> tuple[Tensor, Tensor | None]:
+        """Validate and convert user data (original units) to the model's dtype/device."""
+        dtype, device = self._model_dtype(), self.input_offset.device
+        x = check_inputs(as_tensor(x, "x", dtype, device), "x", self.num_dims)
+        if y is not None:
+            y = check_targets(as_tensor(y, "y", dtype, device), x.shape[0], "y")
+        return x, y
+
+    def inference_settings(self) -> contextlib.AbstractContextManager:
+        """GPyTorch settings under which the model is trained and queried."""
+        return contextlib.nullcontext()
+
+    # -- prediction ---------------------------------------------------------------------
+    def _chunk_rows(self) -> int:
+        raise NotImplementedError
+
+    def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def predict(self, x, *, mean_only: bool = False, chunk_size: int | None = None) -> Prediction:
+        """Predictive mean and variances at ``x`` (original units), in chunks of rows.
+
+        Memory is bounded by the chunk size whatever the number of test points.
+
+        Args:
+            x: test inputs (m, d), tensor or array.
+            mean_only: skip the variances (cheaper).
+            chunk_size: rows per chunk; default from a 32 MiB feature budget.
+        """
+        if self.train_inputs is None:
+            raise ValueError("the model has no training data: call alacarte.fit(model, x, y) first")
+        x, _ = self.check_data(x)
+        was_training = self.training
+        self.eval()
+        try:
+            with self.inference_settings():
+                rows = chunk_size or self._chunk_rows()
+                means, variances = [], []
+                for start in range(0, x.shape[0], rows):
+                    chunk = self.internal_inputs(x[start : start + rows])
+                    mean, var = self._predict_internal(chunk, mean_only)
+                    means.append(mean)
+                    variances.append(var)
+        finally:
+            self.train(was_training)
+        mean = torch.cat(means) * self.target_scale + self.target_offset
+        if mean_only:
+            return Prediction(mean, None, None)
+        scale2 = self.target_scale**2
+        variance = torch.cat(variances) * scale2
+        noise = homoskedastic_noise(self.likelihood) * scale2
+        return Prediction(mean, variance, variance + noise)
+
+
+class FeatureGP(_StandardizedGP):
+    r"""GP regression with an explicit-feature kernel, trained and queried through Woodbury.
+
+    ``f(x) = μ + φ(x)ᵀw``, ``w ~ N(0, I_D)``, ``y = f(x) + ε``.  Use
+    :class:`~alacarte.WoodburyMarginalLogLikelihood` (same value as GPyTorch's
+    ``ExactMarginalLogLikelihood``, O(nD² + D³)) for training; in eval mode
+    ``model(x)`` returns the posterior with a rank-D root covariance
+    ``σ² Φ* A⁻¹ Φ*ᵀ``, and :meth:`predict` streams mean and variances in
+    O(D²) per point.  No n×n (or n×n*) matrix is ever formed.
+
+    Args:
+        train_x, train_y: training data (or ``None``; :func:`alacarte.fit` sets it).
+        kernel: an alacarte :class:`~alacarte.kernels.FeatureKernel`.
+        likelihood: a ``GaussianLikelihood`` (default: a new one).
+
+    Example:
+        >>> kernel = FSARDKernel(num_dims=8, num_samples=512, ard_num_dims=8)
+        >>> model = FeatureGP(None, None, kernel)
+        >>> history = fit(model, x, y)
+        >>> pred = model.predict(x_test)   # mean, variance, observed_variance
+    """
+
+    def __init__(self, train_x, train_y, kernel: FeatureKernel, likelihood: GaussianLikelihood | None = None):
+        if not isinstance(kernel, FeatureKernel):
+            raise ValueError(f"FeatureGP needs an alacarte FeatureKernel, got {type(kernel).__name__}")
+        super().__init__(train_x, train_y, likelihood, kernel.num_dims)
+        homoskedastic_noise(self.likelihood)
+        self.covar_module = kernel
+        self._posterior: WoodburyPosterior | None = None
+
+    def forward(self, x: Tensor) -> MultivariateNormal:
+        return MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    def train(self, mode: bool = True):
+        self._posterior = None
+        return super().train(mode)
+
+    def set_train_data(self, inputs=None, targets=None, strict=True):
+        self._posterior = None
+        return super().set_train_data(inputs, targets, strict)
+
+    def posterior(self) -> WoodburyPosterior:
+        """The weight posterior for the current training data and parameters (cached in eval mode)."""
+        if self._posterior is None or self.training:
+            (x,) = self.train_inputs
+            phi = self.covar_module.features(x)
+            stats = sufficient_statistics(phi, self.train_targets - self.mean_module(x))
+            posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
+            if self.training:
+                return posterior
+            self._posterior = posterior
+        return self._posterior
+
+    def __call__(self, *args, **kwargs):
+        if self.training or len(args) != 1:
+            return super().__call__(*args, **kwargs)
+        x = args[0]
+        if x.dim() == 1:
+            x = x.unsqueeze(-1)
+        posterior = self.posterior()
+        phi = self.covar_module.features(x)
+        mean = self.mean_module(x) + posterior.mean(phi)
+        return MultivariateNormal(mean, LowRankRootLinearOperator(posterior.whiten(phi)))
+
+    def _chunk_rows(self) -> int:
+        itemsize = torch.finfo(self._model_dtype()).bits // 8
+        return max(1, _CHUNK_BYTES // (3 * self.covar_module.num_features * itemsize))
+
+    def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
+        posterior = self.posterior()
+        phi = self.covar_module.features(x)
+        mean = self.mean_module(x) + posterior.mean(phi)
+        return mean, None if mean_only else posterior.latent_variance(phi)
+
+
+class ExactRBFGP(_StandardizedGP):
+    r"""Exact GP with GPyTorch's RBF (isotropic) or ARD kernel: the reference baseline.
+
+    ``k(x, x') = σ_f² exp(−½‖(x − x')/ℓ‖²)``; O(n³) — for n up to a few thousand.
+
+    Example:
+        >>> model = ExactRBFGP(None, None, num_dims=8, ard=True)
+        >>> fit(model, x, y)
+        >>> model.predict(x_test).mean
+    """
+
+    def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False, likelihood=None):
+        super().__init__(train_x, train_y, likelihood, num_dims)
+        self.covar_module = ScaleKernel(RBFKernel(ard_num_dims=num_dims if ard else None))
+
+    def forward(self, x: Tensor) -> MultivariateNormal:
+        return MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    def inference_settings(self) -> contextlib.AbstractContextManager:
+        # Exact baselines stay exact: Cholesky rather than CG/Lanczos at every size.
+        stack = contextlib.ExitStack()
+        stack.enter_context(gpytorch.settings.max_cholesky_size(10**6))
+        stack.enter_context(gpytorch.settings.fast_computations(False, False, False))
+        return stack
+
+    def _chunk_rows(self) -> int:
+        n = self.train_inputs[0].shape[0]
+        return max(1, _CHUNK_BYTES // (8 * n))
+
+    def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
+        dist = self(x)
+        return dist.mean, None if mean_only else dist.variance

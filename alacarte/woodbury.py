@@ -1,0 +1,160 @@
+"""Woodbury marginal likelihood and posterior of a feature-space GP (MATH.md §4).
+
+Model: y = μ + Φw + ε, w ~ N(0, I_D), ε ~ N(0, σ²I), r = y − μ.  Everything
+depends on the data only through the sufficient statistics ΦᵀΦ, Φᵀr, rᵀr and n,
+and on one Cholesky factor of the D×D matrix A = ΦᵀΦ + σ²I:
+
+    −log p(y) = ½σ⁻²(rᵀr − ‖α‖²) + Σ log L_ii + ½(n − D) log σ² + ½ n log 2π,
+    α = L⁻¹Φᵀr,  L = chol(A).
+
+Cost O(nD² + D³); no n×n matrix is ever formed.  Statistics are sums over rows,
+so they can be accumulated over chunks or processes.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SufficientStatistics",
+    "gram",
+    "sufficient_statistics",
+    "negative_log_marginal_likelihood",
+    "cholesky_with_jitter",
+    "WoodburyPosterior",
+]
+
+
+class _Gram(torch.autograd.Function):
+    """ΦᵀΦ with the one-GEMM backward ∂/∂Φ = Φ(Ḡ + Ḡᵀ).
+
+    Autograd's generic matmul rule would spend two n×D×D products on the
+    backward of ΦᵀΦ; the symmetric form needs one.
+    """
+
+    @staticmethod
+    def forward(ctx, phi: Tensor) -> Tensor:  # noqa: D102
+        ctx.save_for_backward(phi)
+        return phi.transpose(-1, -2) @ phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # noqa: D102
+        (phi,) = ctx.saved_tensors
+        return phi @ (grad + grad.transpose(-1, -2))
+
+
+def gram(phi: Tensor) -> Tensor:
+    """ΦᵀΦ for Φ of shape (..., n, D), with an efficient symmetric backward."""
+    return _Gram.apply(phi)
+
+
+@dataclass
+class SufficientStatistics:
+    """ΦᵀΦ (..., D, D), Φᵀr (..., D), rᵀr (...), and the number of rows n."""
+
+    gram: Tensor
+    phi_r: Tensor
+    r_r: Tensor
+    n: int
+
+    def __add__(self, other: "SufficientStatistics") -> "SufficientStatistics":
+        return SufficientStatistics(
+            self.gram + other.gram, self.phi_r + other.phi_r, self.r_r + other.r_r, self.n + other.n
+        )
+
+    @property
+    def num_features(self) -> int:
+        return self.gram.shape[-1]
+
+
+def sufficient_statistics(phi: Tensor, r: Tensor) -> SufficientStatistics:
+    """Statistics of features Φ (..., n, D) and residuals r (..., n)."""
+    return SufficientStatistics(
+        gram=gram(phi),
+        phi_r=(r.unsqueeze(-2) @ phi).squeeze(-2),
+        r_r=(r * r).sum(-1),
+        n=phi.shape[-2],
+    )
+
+
+def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
+    """Cholesky factor of a symmetric positive-definite matrix.
+
+    If the factorisation fails (A is numerically singular, e.g. duplicated
+    inputs with a tiny noise in float32), jitter ``c·mean(diag A)`` is added,
+    with c growing tenfold from the dtype's epsilon, and a warning says how much.
+    """
+    factor, info = torch.linalg.cholesky_ex(a)
+    if not bool((info != 0).any()):
+        return factor
+    scale = a.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True).detach()
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    jitter = torch.finfo(a.dtype).eps * 10
+    for _ in range(max_tries):
+        factor, info = torch.linalg.cholesky_ex(a + (jitter * scale).unsqueeze(-1) * eye)
+        if not bool((info != 0).any()):
+            warnings.warn(
+                f"A = ΦᵀΦ + σ²I was not numerically positive definite; added jitter "
+                f"{jitter:.1e}×mean(diag A) (≈{float(jitter * scale.max()):.3g}) to its diagonal. "
+                "Consider a larger noise lower bound or float64.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return factor
+        jitter *= 10
+    raise ValueError(
+        "A = ΦᵀΦ + σ²I is not positive definite even with jitter: the features or the noise contain "
+        "non-finite values, or the noise is far too small for this dtype"
+    )
+
+
+def _shifted(stats: SufficientStatistics, noise: Tensor) -> Tensor:
+    eye = torch.eye(stats.num_features, dtype=stats.gram.dtype, device=stats.gram.device)
+    return stats.gram + noise[..., None, None] * eye
+
+
+def negative_log_marginal_likelihood(stats: SufficientStatistics, noise: Tensor) -> Tensor:
+    """−log p(y) (summed over the n points) from the sufficient statistics.
+
+    Args:
+        stats: ΦᵀΦ, Φᵀr, rᵀr, n.
+        noise: σ², shape broadcastable to the batch shape of the statistics.
+    """
+    noise = torch.as_tensor(noise, dtype=stats.gram.dtype, device=stats.gram.device)
+    factor = cholesky_with_jitter(_shifted(stats, noise))
+    alpha = torch.linalg.solve_triangular(factor, stats.phi_r.unsqueeze(-1), upper=False).squeeze(-1)
+    n, d = stats.n, stats.num_features
+    quad = (stats.r_r - (alpha * alpha).sum(-1)) / noise
+    logdet = 2 * factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) + (n - d) * noise.log()
+    return 0.5 * (quad + logdet + n * math.log(2 * math.pi))
+
+
+class WoodburyPosterior:
+    """The Gaussian posterior over the feature weights, w | y ~ N(A⁻¹Φᵀr, σ²A⁻¹).
+
+    Holds L = chol(A) and the mean weights; predictions cost O(D²) per point:
+
+        mean = μ + φ*ᵀA⁻¹Φᵀr,   var f* = σ²‖L⁻¹φ*‖²,   var y* = var f* + σ².
+    """
+
+    def __init__(self, stats: SufficientStatistics, noise: Tensor):
+        self.noise = torch.as_tensor(noise, dtype=stats.gram.dtype, device=stats.gram.device)
+        self.cholesky = cholesky_with_jitter(_shifted(stats, self.noise))
+        self.weights = torch.cholesky_solve(stats.phi_r.unsqueeze(-1), self.cholesky).squeeze(-1)
+
+    def whiten(self, phi_star: Tensor) -> Tensor:
+        """σ L⁻¹φ* for every row: (..., m, D) → (..., m, D); ‖row‖² is var f*."""
+        solved = torch.linalg.solve_triangular(self.cholesky, phi_star.transpose(-1, -2), upper=False)
+        return solved.transpose(-1, -2) * self.noise.sqrt()[..., None, None]
+
+    def mean(self, phi_star: Tensor) -> Tensor:
+        """φ*ᵀA⁻¹Φᵀr (without the prior mean μ): (..., m, D) → (..., m)."""
+        return (phi_star @ self.weights.unsqueeze(-1)).squeeze(-1)
+
+    def latent_variance(self, phi_star: Tensor) -> Tensor:
+        """var f* = σ²‖L⁻¹φ*‖²: (..., m, D) → (..., m)."""
+        return self.whiten(phi_star).pow(2).sum(-1)
