@@ -17,8 +17,11 @@ def check_positive_int(value, name: str) -> int:
     return int(value)
 
 
-def as_tensor(value, name: str, dtype: torch.dtype, device: torch.device | None = None) -> Tensor:
-    """Convert array-likes to a floating tensor of ``dtype``; refuse non-numeric data."""
+def as_tensor(value, name: str, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Tensor:
+    """Convert array-likes to a floating tensor of ``dtype``; refuse non-numeric data.
+
+    Without ``dtype``, floating tensors keep theirs and everything else takes
+    torch's default dtype."""
     if isinstance(value, Tensor):
         tensor = value
     else:
@@ -28,6 +31,8 @@ def as_tensor(value, name: str, dtype: torch.dtype, device: torch.device | None 
         tensor = torch.from_numpy(np.ascontiguousarray(array))
     if tensor.is_complex():
         raise ValueError(f"{name} must be real, got a complex tensor")
+    if dtype is None:
+        dtype = tensor.dtype if tensor.is_floating_point() else torch.get_default_dtype()
     return tensor.to(dtype=dtype, device=device)
 
 

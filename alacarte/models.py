@@ -50,10 +50,9 @@ class _StandardizedGP(ExactGP):
 
     def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
         likelihood = likelihood if likelihood is not None else GaussianLikelihood()
-        dtype = torch.get_default_dtype()
         if train_x is not None:
-            train_x = check_inputs(as_tensor(train_x, "train_x", dtype), "train_x", num_dims)
-            train_y = check_targets(as_tensor(train_y, "train_y", dtype), train_x.shape[0], "train_y")
+            train_x = check_inputs(as_tensor(train_x, "train_x"), "train_x", num_dims)
+            train_y = check_targets(as_tensor(train_y, "train_y", train_x.dtype), train_x.shape[0], "train_y")
         super().__init__(train_x, train_y, likelihood)
         self.num_dims = num_dims
         self.mean_module = ConstantMean()

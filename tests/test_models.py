@@ -1,0 +1,236 @@
+"""FeatureGP / ExactRBFGP / fit: the fast path, chunked prediction, bad input, training."""
+import contextlib
+from unittest import mock
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+
+import alacarte
+from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, RandomFourierKernel, fit
+from alacarte.woodbury import cholesky_with_jitter
+
+
+def toy_data(n=200, d=3, seed=0, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen, dtype=dtype) * 2 + 5
+    y = 10 * torch.sin(x[:, 0]) + x[:, 1] + 0.3 * torch.randn(n, generator=gen, dtype=dtype) + 100
+    return x, y
+
+
+def feature_model(d=3, m=64, seed=0):
+    return FeatureGP(None, None, FSARDKernel(d, m, ard_num_dims=d, seed=seed)).double()
+
+
+def test_public_surface_is_small():
+    assert set(alacarte.__all__) == {
+        "FeatureKernel", "FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "RandomFourierKernel",
+        "SSGPRKernel", "FeatureGP", "ExactRBFGP", "WoodburyMarginalLogLikelihood", "fit",
+    }
+
+
+@contextlib.contextmanager
+def forbid_solves_larger_than(max_size):
+    """Fail on any Cholesky factorisation larger than max_size×max_size (every
+    Cholesky in torch and linear_operator goes through torch.linalg.cholesky_ex)
+    and on any CG or Lanczos solve; yield the list of factorised sizes."""
+    real_cholesky_ex = torch.linalg.cholesky_ex
+    sizes = []
+
+    def guarded_cholesky_ex(a, *args, **kwargs):
+        if a.shape[-1] > max_size:
+            raise AssertionError(f"a {a.shape[-1]}×{a.shape[-1]} Cholesky was computed")
+        sizes.append(a.shape[-1])
+        return real_cholesky_ex(a, *args, **kwargs)
+
+    iterative = mock.Mock(side_effect=AssertionError("an iterative n×n solver (CG/Lanczos) was called"))
+    with mock.patch("torch.linalg.cholesky_ex", guarded_cholesky_ex), \
+         mock.patch("torch.linalg.cholesky", iterative), \
+         mock.patch("linear_operator.utils.linear_cg", iterative), \
+         mock.patch("linear_operator.utils.lanczos.lanczos_tridiag", iterative):
+        yield sizes
+
+
+def test_fast_path_never_factorises_an_n_by_n_matrix():
+    """Training and prediction run on one D×D Cholesky: no n×n factorisation,
+    no CG, no Lanczos."""
+    x, y = toy_data(n=300)
+    model = feature_model(m=16)  # D = 32 ≪ n = 300
+    with forbid_solves_larger_than(32) as sizes:
+        fit(model, x, y, max_iter=5, progress=False)
+        model.predict(torch.randn(50, 3, dtype=torch.float64))
+        model.likelihood(model(torch.randn(20, 3, dtype=torch.float64))).variance
+    assert sizes and set(sizes) == {32}
+
+
+def test_the_guard_above_catches_gpytorchs_dense_paths():
+    """Control: the same guard trips on GPyTorch's exact GP (Cholesky) and on its
+    default CG path, so the test above can fail."""
+    x, y = toy_data(n=300)
+    model = ExactRBFGP(x, y, num_dims=3).double()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    with forbid_solves_larger_than(32), pytest.raises(AssertionError, match="Cholesky"), \
+         gpytorch.settings.max_cholesky_size(10**6):
+        mll(model(x), y)
+    with forbid_solves_larger_than(32), pytest.raises(AssertionError, match="iterative"), \
+         gpytorch.settings.max_cholesky_size(0):
+        mll(model(x), y)
+
+
+def test_predict_a_million_points_in_bounded_chunks():
+    x, y = toy_data(n=100, d=2)
+    model = FeatureGP(None, None, RandomFourierKernel(2, 32, seed=0)).double()
+    fit(model, x, y, max_iter=3, progress=False)
+    features = model.covar_module.features
+    rows = []
+
+    def recording_features(inputs):
+        rows.append(inputs.shape[-2])
+        return features(inputs)
+
+    x_test = torch.randn(1_000_000, 2, dtype=torch.float64)
+    with mock.patch.object(model.covar_module, "features", side_effect=recording_features):
+        pred = model.predict(x_test, mean_only=True, chunk_size=50_000)
+    assert pred.mean.shape == (1_000_000,) and pred.variance is None and pred.observed_variance is None
+    training_rows, *test_rows = rows  # the posterior is built once from the 100 training rows
+    assert training_rows == 100 and max(test_rows) <= 50_000 and sum(test_rows) == 1_000_000
+    # the default chunk keeps one chunk's features near 32 MiB
+    assert model._chunk_rows() * model.covar_module.num_features * 8 <= 32 * 2**20
+    ref = model.predict(x_test[:1000])
+    assert torch.allclose(pred.mean[:1000], ref.mean, rtol=1e-12, atol=1e-12)
+
+
+def with_value(t, index, value):
+    t = t.clone()
+    t[index] = value
+    return t
+
+
+@pytest.mark.parametrize(
+    "x_mod, y_mod, message",
+    [
+        (lambda x: with_value(x, (3, 1), float("nan")), None, "x contains 1 non-finite value.*NaN"),
+        (lambda x: with_value(x, (0, 0), float("inf")), None, "x contains.*inf"),
+        (None, lambda y: with_value(y, 2, float("nan")), "y contains.*NaN"),
+        (None, lambda y: y[:-1], "y has 199 values but x has 200 rows"),
+        (lambda x: x[:0], lambda y: y[:0], "x is empty"),
+        (lambda x: x[:, :2], None, "x has 2 columns but the model expects 3"),
+        (lambda x: x.unsqueeze(0), None, r"x must have shape \(n, d\)"),
+        (None, lambda y: torch.stack([y, y], 1), r"y must have shape \(n,\)"),
+    ],
+)
+def test_fit_rejects_bad_data(x_mod, y_mod, message):
+    x, y = toy_data()
+    x = x_mod(x.clone()) if x_mod else x
+    y = y_mod(y.clone()) if y_mod else y
+    with pytest.raises(ValueError, match=message):
+        fit(feature_model(), x, y, max_iter=2, progress=False)
+
+
+def test_predict_rejects_bad_inputs():
+    x, y = toy_data()
+    model = feature_model()
+    with pytest.raises(ValueError, match="call alacarte.fit"):
+        model.predict(x)
+    fit(model, x, y, max_iter=2, progress=False)
+    with pytest.raises(ValueError, match="4 columns but the model expects 3"):
+        model.predict(torch.randn(5, 4))
+    with pytest.raises(ValueError, match="NaN"):
+        model.predict(torch.full((5, 3), float("nan")))
+    with pytest.raises(ValueError, match="numeric"):
+        model.predict(np.array([["a", "b", "c"]]))
+
+
+def test_fit_rejects_bad_settings():
+    x, y = toy_data()
+    with pytest.raises(ValueError, match="optimizer"):
+        fit(feature_model(), x, y, optimizer="sgd")
+    with pytest.raises(ValueError, match="max_iter"):
+        fit(feature_model(), x, y, max_iter=0)
+    with pytest.raises(ValueError, match="lr"):
+        fit(feature_model(), x, y, lr=-1.0)
+    with pytest.raises(ValueError, match="FeatureKernel"):
+        FeatureGP(None, None, gpytorch.kernels.RBFKernel())
+    with pytest.raises(ValueError, match="homoskedastic"):
+        FeatureGP(None, None, FSARDKernel(3, 8), gpytorch.likelihoods.FixedNoiseGaussianLikelihood(torch.ones(3)))
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_fit_improves_and_is_deterministic(optimizer):
+    x, y = toy_data()
+    runs = []
+    for _ in range(2):
+        model = feature_model()
+        history = fit(model, x, y, optimizer=optimizer, max_iter=30, progress=False)
+        runs.append((history, model.predict(x[:10])))
+    (h1, p1), (h2, p2) = runs
+    assert h1.loss[-1] < h1.loss[0] - 0.3
+    assert h1.loss == h2.loss
+    assert torch.equal(p1.mean, p2.mean) and torch.equal(p1.variance, p2.variance)
+
+
+def test_standardisation_gives_original_units():
+    """Predictions come back in the targets' units: equal to a model trained on
+    hand-standardised data, mapped back by hand."""
+    x, y = toy_data()
+    model = feature_model()
+    fit(model, x, y, max_iter=20, progress=False)
+    pred = model.predict(x)
+    rmse = (pred.mean - y).pow(2).mean().sqrt()
+    assert rmse < 0.2 * y.std()
+    xs = (x - x.mean(0)) / x.std(0)
+    ys = (y - y.mean()) / y.std()
+    manual = feature_model()
+    fit(manual, xs, ys, max_iter=20, progress=False, standardize=False)
+    manual_pred = manual.predict(xs)
+    assert torch.allclose(pred.mean, manual_pred.mean * y.std() + y.mean(), rtol=1e-7, atol=1e-7)
+    assert torch.allclose(pred.variance, manual_pred.variance * y.var(), rtol=1e-6, atol=1e-9)
+
+
+def test_exact_baseline_same_api_and_agrees_with_gpytorch():
+    x, y = toy_data(n=120)
+    model = ExactRBFGP(None, None, num_dims=3, ard=True).double()
+    history = fit(model, x, y, max_iter=30, progress=False)
+    assert history.loss[-1] < history.loss[0]
+    pred = model.predict(x[:15], chunk_size=4)
+    # The same posterior, computed densely by hand from GPyTorch's fitted kernel.
+    xs = model.internal_inputs(x)
+    ys = model.train_targets
+    with torch.no_grad():
+        k = model.covar_module(xs).to_dense()
+        noise = model.likelihood.noise
+        k_star = k[:15]
+        mean = model.mean_module.constant + k_star @ torch.linalg.solve(k + noise * torch.eye(120, dtype=x.dtype), ys - model.mean_module.constant)
+        var = k.diagonal()[:15] - (k_star * torch.linalg.solve(k + noise * torch.eye(120, dtype=x.dtype), k_star.T).T).sum(-1)
+    assert torch.allclose(pred.mean, mean * y.std() + y.mean(), rtol=1e-8)
+    assert torch.allclose(pred.variance, var * y.var(), rtol=1e-6, atol=1e-10)
+
+
+def test_feature_gp_with_exact_hyperparameters_approaches_exact_gp():
+    """Given the exact ARD GP's fitted hyperparameters, the Fastfood GP's predictions
+    approach the exact GP's as M grows (the kernel converges, so does the posterior)."""
+    x, y = toy_data(n=150)
+    exact = ExactRBFGP(None, None, num_dims=3, ard=True).double()
+    fit(exact, x, y, max_iter=50, progress=False)
+    x_test = toy_data(n=100, seed=1)[0]
+    reference = exact.predict(x_test)
+    errors = []
+    for m in (64, 1024):
+        approx = FeatureGP(None, None, alacarte.FastfoodRBFKernel(3, m, ard_num_dims=3, seed=0)).double()
+        approx.load_state_dict(exact.state_dict(), strict=False)  # mean, noise, standardisation
+        approx.covar_module.lengthscale = exact.covar_module.base_kernel.lengthscale.detach()
+        approx.covar_module.outputscale = exact.covar_module.outputscale.detach()
+        approx.set_train_data(*exact.train_inputs, exact.train_targets, strict=False)
+        approx.eval()
+        errors.append((approx.predict(x_test).mean - reference.mean).abs().max().item())
+    assert errors[1] < 0.05 * y.std() and errors[1] < errors[0] / 2, errors
+
+
+def test_jitter_escalation_warns_and_recovers():
+    a = torch.ones(4, 4, dtype=torch.float32)  # rank one: Cholesky fails without jitter
+    with pytest.warns(RuntimeWarning, match="jitter"):
+        factor = cholesky_with_jitter(a)
+    assert torch.isfinite(factor).all()
+    with pytest.raises(ValueError, match="not positive definite"):
+        cholesky_with_jitter(torch.full((3, 3), float("nan")))
