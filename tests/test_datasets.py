@@ -1,0 +1,35 @@
+import numpy as np
+import pytest
+
+from alacarte.datasets import make_se1, make_se2, make_se3
+
+
+def test_se1_matches_its_formula_and_is_seeded():
+    x, y, relevant = make_se1(5000, seed=3)
+    assert x.shape == (5000, 18) and relevant == (0, 2, 6, 7, 8)
+    f = np.sin((x[:, 0] + x[:, 2]) ** 2) * np.sin(x[:, 6] * x[:, 7] * x[:, 8])
+    assert abs(np.std(y - f) - 0.1) < 0.005
+    assert np.array_equal(make_se1(5000, seed=3)[1], y)
+    assert not np.array_equal(make_se1(5000, seed=4)[1], y)
+
+
+def test_se2_matches_its_formula():
+    x, y, relevant = make_se2(5000, seed=0)
+    assert x.shape == (5000, 100) and relevant == (10, 11, 12, 13, 14)
+    assert abs(np.std(y - np.log(x[:, 10:15].sum(1) ** 2)) - 0.1) < 0.005
+
+
+def test_se3_has_five_noisy_copies_per_latent():
+    x, y, relevant = make_se3(4000, seed=0)
+    assert x.shape == (4000, 1000) and relevant == tuple(range(10))
+    corr = np.corrcoef(x[:, :10].T)
+    assert (corr[:5, :5] > 0.98).all() and (np.abs(corr[:5, 5:10]) < 0.1).all()
+    z1, z2 = x[:, :5].mean(1), x[:, 5:10].mean(1)  # latent estimates (noise std 0.1/sqrt(5))
+    r2 = z1**2 + z2**2
+    assert np.corrcoef(y, 10 * r2 * np.exp(-2 * r2))[0, 1] > 0.95
+
+
+def test_generators_reject_bad_sizes():
+    for make in (make_se1, make_se2, make_se3):
+        with pytest.raises(ValueError, match="n must be a positive integer"):
+            make(0)
