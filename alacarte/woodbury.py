@@ -22,7 +22,6 @@ from torch import Tensor
 
 __all__ = [
     "SufficientStatistics",
-    "gram",
     "sufficient_statistics",
     "negative_log_marginal_likelihood",
     "cholesky_with_jitter",
@@ -45,41 +44,51 @@ def _blas_routines(phi: Tensor):
 _BLAS_PREFIX = {torch.float64: "d", torch.float32: "s"}
 
 
-class _Gram(torch.autograd.Function):
-    """ΦᵀΦ with the one-product backward ∂/∂Φ = Φ(Ḡ + Ḡᵀ).
+class _GramAndProjection(torch.autograd.Function):
+    """(ΦᵀΦ, Φᵀr) with the one-product backward ∂/∂Φ = Φ(Ḡ + Ḡᵀ) + r b̄ᵀ.
 
     Autograd's generic matmul rule would spend two n×D×D products on the
-    backward of ΦᵀΦ; the symmetric form needs one, and on the CPU the forward
-    runs as a rank-k update (syrk, half a GEMM).
+    backward of ΦᵀΦ and materialise r b̄ᵀ separately; here the symmetric form
+    needs one product, the rank-one term is added in place, and on the CPU
+    the forward runs as a rank-k update (syrk, half a GEMM).
     """
 
     @staticmethod
-    def forward(ctx, phi: Tensor) -> Tensor:  # noqa: D102
-        ctx.save_for_backward(phi)
+    def forward(ctx, phi: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
+        ctx.save_for_backward(phi, r)
+        phi_r = (r.unsqueeze(-2) @ phi).squeeze(-2)
         routines = _blas_routines(phi)
         if routines is None:
-            return phi.transpose(-1, -2) @ phi
+            return phi.transpose(-1, -2) @ phi, phi_r
         syrk, _ = routines
         # A C-ordered n×D array is the Fortran-ordered D×n matrix Φᵀ: no copy.
         upper = torch.from_numpy(syrk(1.0, phi.detach().contiguous().numpy().T, trans=0))
-        return upper.triu() + upper.triu(1).transpose(0, 1)
+        return upper.triu() + upper.triu(1).transpose(0, 1), phi_r
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # noqa: D102
-        (phi,) = ctx.saved_tensors
-        sym = grad + grad.transpose(-1, -2)
-        routines = _blas_routines(phi)
-        if routines is None:
-            return phi @ sym
-        _, symm = routines
-        # (S Φᵀ) as a Fortran-ordered D×n matrix is Φ S in C order.
-        out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=0)
-        return torch.from_numpy(out.T)
-
-
-def gram(phi: Tensor) -> Tensor:
-    """ΦᵀΦ for Φ of shape (..., n, D), with an efficient symmetric backward."""
-    return _Gram.apply(phi)
+    def backward(ctx, grad_gram: Tensor | None, grad_phi_r: Tensor | None):  # noqa: D102
+        phi, r = ctx.saved_tensors
+        grad_phi = grad_r = None
+        if grad_gram is not None:
+            sym = grad_gram + grad_gram.transpose(-1, -2)
+            routines = _blas_routines(phi)
+            if routines is None:
+                grad_phi = phi @ sym
+            else:
+                _, symm = routines
+                # (S Φᵀ) as a Fortran-ordered D×n matrix is Φ S in C order.
+                out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=0)
+                grad_phi = torch.from_numpy(out.T)
+        if grad_phi_r is not None:
+            if grad_phi is None:
+                grad_phi = r.unsqueeze(-1) * grad_phi_r.unsqueeze(-2)
+            elif phi.dim() == 2:
+                grad_phi.addr_(r, grad_phi_r)  # in place: no n×D temporary
+            else:
+                grad_phi = grad_phi + r.unsqueeze(-1) * grad_phi_r.unsqueeze(-2)
+            if ctx.needs_input_grad[1]:
+                grad_r = (phi @ grad_phi_r.unsqueeze(-1)).squeeze(-1)
+        return grad_phi, grad_r
 
 
 @dataclass
@@ -103,12 +112,13 @@ class SufficientStatistics:
 
 def sufficient_statistics(phi: Tensor, r: Tensor) -> SufficientStatistics:
     """Statistics of features Φ (..., n, D) and residuals r (..., n)."""
-    return SufficientStatistics(
-        gram=gram(phi),
-        phi_r=(r.unsqueeze(-2) @ phi).squeeze(-2),
-        r_r=(r * r).sum(-1),
-        n=phi.shape[-2],
-    )
+    batch = torch.broadcast_shapes(phi.shape[:-2], r.shape[:-1])
+    if phi.shape[:-2] != batch:
+        phi = phi.expand(*batch, *phi.shape[-2:])
+    if r.shape[:-1] != batch:
+        r = r.expand(*batch, r.shape[-1])
+    gram_, phi_r = _GramAndProjection.apply(phi, r)
+    return SufficientStatistics(gram=gram_, phi_r=phi_r, r_r=(r * r).sum(-1), n=phi.shape[-2])
 
 
 def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:

@@ -39,12 +39,15 @@ class _FourierFeatures(torch.autograd.Function):
         m = out.shape[-1] // 2
         grad_proj = grad_scale = None
         if ctx.needs_input_grad[0]:
-            grad_proj = grad[..., m:] * out[..., :m] - grad[..., :m] * out[..., m:]
+            grad_proj = torch.mul(grad[..., m:], out[..., :m]).addcmul_(grad[..., :m], out[..., m:], value=-1)
         if ctx.needs_input_grad[1]:
-            prod = grad * out
-            if scale.shape[-1] != 1:
-                prod = prod[..., :m] + prod[..., m:]
-            grad_scale = prod.sum_to_size(scale.shape) / scale
+            if scale.numel() == 1:  # one σ_f: a dot product, no n×D temporary
+                grad_scale = torch.vdot(grad.reshape(-1), out.reshape(-1)).reshape(scale.shape) / scale
+            else:
+                prod = grad * out
+                if scale.shape[-1] != 1:
+                    prod = prod[..., :m] + prod[..., m:]
+                grad_scale = prod.sum_to_size(scale.shape) / scale
         return grad_proj, grad_scale
 
 

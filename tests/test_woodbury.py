@@ -1,0 +1,36 @@
+"""The Woodbury building blocks against dense autograd and finite differences."""
+import torch
+
+from alacarte.features.fourier import fourier_features
+from alacarte.woodbury import negative_log_marginal_likelihood, sufficient_statistics
+
+
+def test_statistics_and_their_gradients_equal_autograd_of_the_plain_formulas():
+    for shape in ((30, 6), (2, 30, 6)):  # the BLAS path and the batched torch path
+        phi = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+        r = torch.randn(*shape[:-1], dtype=torch.float64, requires_grad=True)
+        stats = sufficient_statistics(phi, r)
+        plain_gram, plain_phi_r = phi.transpose(-1, -2) @ phi, (r.unsqueeze(-2) @ phi).squeeze(-2)
+        assert torch.allclose(stats.gram, plain_gram, rtol=1e-13, atol=1e-13)
+        assert torch.equal(stats.gram, stats.gram.transpose(-1, -2))
+        assert torch.allclose(stats.phi_r, plain_phi_r, rtol=1e-13, atol=1e-13)
+        w_gram, w_phi_r = torch.randn_like(plain_gram), torch.randn_like(plain_phi_r)
+        ours = torch.autograd.grad((stats.gram * w_gram).sum() + (stats.phi_r * w_phi_r).sum(), (phi, r))
+        theirs = torch.autograd.grad((plain_gram * w_gram).sum() + (plain_phi_r * w_phi_r).sum(), (phi, r))
+        for a, b in zip(ours, theirs):
+            assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_of_the_likelihood():
+    phi = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(12, dtype=torch.float64, requires_grad=True)
+    noise = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    fn = lambda p, q, s: negative_log_marginal_likelihood(sufficient_statistics(p, q), s)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (phi, r, noise))
+
+
+def test_gradcheck_of_fourier_features():
+    proj = torch.randn(2, 7, 4, dtype=torch.float64, requires_grad=True)
+    for scale_shape in ((1, 1), (2, 1, 1), (1, 4), (2, 1, 4)):
+        scale = (torch.rand(*scale_shape, dtype=torch.float64) + 0.5).requires_grad_()
+        assert torch.autograd.gradcheck(fourier_features, (proj, scale))
