@@ -10,6 +10,7 @@ from .kernels import (
     FSARDKernel,
     FSGBARDKernel,
     RandomFourierKernel,
+    SpectralMixtureFastfoodKernel,
     SSGPRKernel,
 )
 from .mll import WoodburyMarginalLogLikelihood
@@ -25,6 +26,7 @@ __all__ = [
     "FSGBARDKernel",
     "RandomFourierKernel",
     "SSGPRKernel",
+    "SpectralMixtureFastfoodKernel",
     "FeatureGP",
     "ExactRBFGP",
     "WoodburyMarginalLogLikelihood",

@@ -2,6 +2,7 @@
 from .base import FeatureKernel
 from .fastfood import FastfoodRBFKernel, FSARDKernel, FSGBARDKernel
 from .random_fourier import RandomFourierKernel, SSGPRKernel
+from .spectral_mixture import SpectralMixtureFastfoodKernel
 
 __all__ = [
     "FeatureKernel",
@@ -10,4 +11,5 @@ __all__ = [
     "FSGBARDKernel",
     "RandomFourierKernel",
     "SSGPRKernel",
+    "SpectralMixtureFastfoodKernel",
 ]

@@ -54,6 +54,8 @@ class FeatureKernel(Kernel):
     """
 
     outputscale = ConstrainedParameter()
+    # Kernels whose spectrum carries its own mass (mixture weights) set this False.
+    has_outputscale = True
 
     def __init__(
         self,
@@ -72,13 +74,16 @@ class FeatureKernel(Kernel):
         super().__init__(**kwargs)
         self.num_dims = num_dims
         self.num_samples = num_samples
-        register_constrained_parameter(
-            self,
-            "outputscale",
-            torch.ones(self.batch_shape),
-            outputscale_constraint or Positive(),
-            outputscale_prior,
-        )
+        if self.has_outputscale:
+            register_constrained_parameter(
+                self,
+                "outputscale",
+                torch.ones(self.batch_shape),
+                outputscale_constraint or Positive(),
+                outputscale_prior,
+            )
+        elif outputscale_prior is not None or outputscale_constraint is not None:
+            raise ValueError(f"{type(self).__name__} has no outputscale: its mixture weights carry the signal variance")
 
     @property
     def num_features(self) -> int:

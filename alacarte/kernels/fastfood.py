@@ -10,9 +10,39 @@ from ..features.fastfood import draw_fastfood_state, fastfood_project
 from ._params import ConstrainedParameter, register_constrained_parameter
 from .base import FeatureKernel, resolve_seed
 
-__all__ = ["FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel"]
+__all__ = ["FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "register_fastfood_state"]
 
-_STRATEGIES = ("auto", "dense", "fwht")
+STRATEGIES = ("auto", "dense", "fwht")
+
+
+def check_strategy(strategy: str) -> str:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    return strategy
+
+
+def register_fastfood_state(
+    module: torch.nn.Module,
+    num_dims: int,
+    num_samples: int,
+    batch_shape: torch.Size | tuple[int, ...],
+    seed: int,
+    learn_blocks: bool = False,
+) -> Tensor:
+    """Draw Fastfood state from ``seed`` and register it on ``module``: ``perm``
+    (buffer), ``sign`` and ``gauss`` (buffers, or parameters if ``learn_blocks``).
+    Returns the χ_p radii, shape (*batch_shape, num_samples), for the caller to
+    register as a buffer or a parameter."""
+    state = draw_fastfood_state(num_dims, num_samples, batch_shape, seed)
+    dtype = torch.get_default_dtype()
+    module.register_buffer("perm", torch.as_tensor(state.perm))
+    for name, array in (("sign", state.sign), ("gauss", state.gauss)):
+        tensor = torch.as_tensor(array, dtype=dtype)
+        if learn_blocks:
+            module.register_parameter(name, torch.nn.Parameter(tensor))
+        else:
+            module.register_buffer(name, tensor)
+    return torch.as_tensor(state.radius, dtype=dtype)
 
 
 class FastfoodRBFKernel(FeatureKernel):
@@ -61,30 +91,15 @@ class FastfoodRBFKernel(FeatureKernel):
         **kwargs,
     ):
         super().__init__(num_dims, num_samples, **kwargs)
-        if strategy not in _STRATEGIES:
-            raise ValueError(f"strategy must be one of {_STRATEGIES}, got {strategy!r}")
-        self.strategy = strategy
+        self.strategy = check_strategy(strategy)
         self.seed = resolve_seed(seed)
-        state = draw_fastfood_state(num_dims, num_samples, self.batch_shape, self.seed)
-        dtype = self.raw_outputscale.dtype
-
-        def real(array) -> Tensor:
-            return torch.as_tensor(array, dtype=dtype)
-
-        self.register_buffer("perm", torch.as_tensor(state.perm))
-        for name, array in (("sign", state.sign), ("gauss", state.gauss)):
-            if self._learn_blocks:
-                self.register_parameter(name, torch.nn.Parameter(real(array)))
-            else:
-                self.register_buffer(name, real(array))
+        radius = register_fastfood_state(self, num_dims, num_samples, self.batch_shape, self.seed, self._learn_blocks)
         if self._learn_radius:
-            register_constrained_parameter(
-                self, "radius", real(state.radius), radius_constraint or Positive(), radius_prior
-            )
+            register_constrained_parameter(self, "radius", radius, radius_constraint or Positive(), radius_prior)
         else:
             if radius_prior is not None or radius_constraint is not None:
                 raise ValueError(f"{type(self).__name__} has fixed radii; use FSARDKernel to learn them")
-            self.register_buffer("radius", real(state.radius))
+            self.register_buffer("radius", radius)
 
     def projection(self, x: Tensor) -> Tensor:
         return fastfood_project(x / self.lengthscale, self.sign, self.perm, self.gauss, self.radius, self.strategy)

@@ -1,0 +1,147 @@
+"""Gaussian spectral mixture (GM) kernel on Fastfood features (MATH.md §3)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gpytorch.constraints import Interval, Positive
+from gpytorch.priors import Prior
+from torch import Tensor
+
+from .._validation import check_positive_int
+from ..features.fastfood import choose_strategy, fastfood_matrix, fastfood_project
+from ._params import ConstrainedParameter, register_constrained_parameter
+from .base import FeatureKernel, resolve_seed
+from .fastfood import check_strategy, register_fastfood_state
+
+__all__ = ["SpectralMixtureFastfoodKernel", "spectral_mixture_kernel"]
+
+
+def spectral_mixture_kernel(x1: Tensor, x2: Tensor, weights: Tensor, means: Tensor, scales: Tensor) -> Tensor:
+    r"""The closed-form GM kernel :math:`\sum_q w_q e^{-\frac12\sum_j \sigma_{qj}^2\tau_j^2}\cos(\mu_q^\top\tau)`.
+
+    Dense, O(n m Q d): for tests and small problems.  ``weights`` (Q,),
+    ``means`` and ``scales`` (Q, d), angular frequencies.
+    """
+    tau = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (n, m, d)
+    tau = tau.unsqueeze(-2)  # (n, m, 1, d)
+    envelope = torch.exp(-0.5 * (scales * tau).pow(2).sum(-1))
+    return (weights * envelope * torch.cos((means * tau).sum(-1))).sum(-1)
+
+
+class SpectralMixtureFastfoodKernel(FeatureKernel):
+    r"""Gaussian spectral mixture kernel (Wilson & Adams 2013) on Fastfood features.
+
+    .. math::
+        k(\tau) = \sum_{q=1}^{Q} w_q \exp\!\Big(-\tfrac12 \sum_j \sigma_{qj}^2 \tau_j^2\Big)
+        \cos(\mu_q^\top \tau)
+
+    — one full-dimensional Gaussian per component, in angular frequency.
+    Component ``q`` has ``M_q = M / Q`` frequencies
+    :math:`\omega = \mu_q + \sigma_q \odot \varepsilon` with :math:`\varepsilon`
+    the rows of a fixed unit-scale RBF Fastfood block, so
+    :math:`\omega^\top x = \varepsilon^\top(\sigma_q \odot x) + \mu_q^\top x`: one
+    Fastfood pass on the scaled input plus an O(d) shift.  The features of
+    component ``q`` carry weight :math:`\sqrt{w_q / M_q}`, so ``k(x, x) = Σ w_q``
+    and the kernel has no separate ``outputscale``.
+
+    Learnable: ``weights`` (Q, positive), ``means`` (Q×d), ``scales`` (Q×d, positive).
+
+    GPyTorch's ``SpectralMixtureKernel`` multiplies 1-D mixtures over dimensions,
+    in cycles; it coincides with this kernel for d = 1 and for μ = 0 (with
+    ``mixture_means = μ/2π``, ``mixture_scales = σ/2π``).
+
+    Args:
+        num_dims: input dimension ``d``.
+        num_samples: total number of frequencies ``M`` (a multiple of ``num_components``).
+        num_components: ``Q``.
+        seed: seed of the Fastfood state and of the initial means.
+        strategy: ``"auto"``, ``"dense"`` or ``"fwht"`` (see :class:`FastfoodRBFKernel`).
+
+    Initial state: ``w_q = 1/Q``, ``σ_q = 1``, ``μ_q ~ N(0, 0.1²)`` (small, so
+    that components can separate; see :mod:`alacarte.init` for data-driven values).
+
+    Example:
+        >>> kernel = SpectralMixtureFastfoodKernel(num_dims=4, num_samples=512, num_components=4, seed=0)
+        >>> kernel.features(torch.randn(10, 4)).shape
+        torch.Size([10, 1024])
+    """
+
+    has_lengthscale = False
+    has_outputscale = False
+    weights = ConstrainedParameter()
+    scales = ConstrainedParameter()
+
+    def __init__(
+        self,
+        num_dims: int,
+        num_samples: int,
+        *,
+        num_components: int = 4,
+        seed: int | None = None,
+        strategy: str = "auto",
+        weights_prior: Prior | None = None,
+        weights_constraint: Interval | None = None,
+        scales_prior: Prior | None = None,
+        scales_constraint: Interval | None = None,
+        **kwargs,
+    ):
+        check_positive_int(num_components, "num_components")
+        check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
+        if num_samples % num_components:
+            raise ValueError(
+                f"num_samples={num_samples} must be a multiple of num_components={num_components} "
+                "(every component has M/Q frequencies)"
+            )
+        super().__init__(num_dims, num_samples, **kwargs)
+        self.num_components = num_components
+        self.strategy = check_strategy(strategy)
+        self.seed = resolve_seed(seed)
+        per_component = num_samples // num_components
+        batch = (*self.batch_shape, num_components)
+        radius = register_fastfood_state(self, num_dims, per_component, batch, self.seed)
+        self.register_buffer("radius", radius)
+        dtype = torch.get_default_dtype()
+        means = np.random.default_rng([self.seed, 1]).normal(0.0, 0.1, size=(*batch, num_dims))
+        self.register_parameter("means", torch.nn.Parameter(torch.as_tensor(means, dtype=dtype)))
+        register_constrained_parameter(
+            self, "weights", torch.full(batch, 1.0 / num_components), weights_constraint or Positive(), weights_prior
+        )
+        register_constrained_parameter(
+            self, "scales", torch.ones(*batch, num_dims), scales_constraint or Positive(), scales_prior
+        )
+
+    @property
+    def samples_per_component(self) -> int:
+        return self.num_samples // self.num_components
+
+    def frequencies(self) -> Tensor:
+        """All M frequency vectors ω (component-major), shape (*batch, M, d)."""
+        eps = fastfood_matrix(self.sign, self.perm, self.gauss, self.radius, self.num_dims)  # (*b, Q, Mq, d)
+        omega = eps * self.scales.unsqueeze(-2) + self.means.unsqueeze(-2)
+        return omega.reshape(*self.batch_shape, self.num_samples, self.num_dims)
+
+    def projection(self, x: Tensor) -> Tensor:
+        strategy = choose_strategy(self.num_dims) if self.strategy == "auto" else self.strategy
+        if strategy == "dense":
+            return x @ self.frequencies().transpose(-1, -2)
+        scaled = x.unsqueeze(-3) * self.scales.unsqueeze(-2)  # (..., Q, n, d)
+        proj = fastfood_project(scaled, self.sign, self.perm, self.gauss, self.radius, "fwht")  # (..., Q, n, Mq)
+        proj = proj + (x.unsqueeze(-3) @ self.means.unsqueeze(-1))  # the O(d) shift μ_qᵀx
+        return proj.movedim(-3, -2).reshape(*proj.shape[:-3], proj.shape[-2], self.num_samples)
+
+    def feature_scale(self) -> Tensor:
+        per_frequency = (self.weights / self.samples_per_component).sqrt()
+        per_frequency = per_frequency.unsqueeze(-1).expand(*per_frequency.shape, self.samples_per_component)
+        return per_frequency.reshape(*self.batch_shape, 1, self.num_samples)
+
+    def prior_variance(self) -> Tensor:
+        return self.weights.sum(-1)
+
+    def expected_kernel(self, x1: Tensor, x2: Tensor) -> Tensor:
+        """The closed form this expansion estimates (dense; non-batched kernels)."""
+        if len(self.batch_shape):
+            raise ValueError("expected_kernel supports kernels without batch_shape")
+        return spectral_mixture_kernel(x1, x2, self.weights, self.means, self.scales)
+
+    def extra_repr(self) -> str:
+        return f"num_dims={self.num_dims}, num_samples={self.num_samples}, num_components={self.num_components}"
