@@ -12,7 +12,7 @@ from .._validation import check_positive_int
 from ..features.fourier import fourier_features
 from ._params import ConstrainedParameter, register_constrained_parameter
 
-__all__ = ["FeatureKernel"]
+__all__ = ["FeatureKernel", "MixtureFeatureKernel"]
 
 
 def resolve_seed(seed: int | None) -> int:
@@ -122,3 +122,66 @@ class FeatureKernel(Kernel):
         if same:
             return LowRankRootLinearOperator(z1)
         return MatmulLinearOperator(z1, z2.transpose(-1, -2))
+
+
+class MixtureFeatureKernel(FeatureKernel):
+    r"""A feature kernel whose spectrum is a mixture of ``C`` components.
+
+    Component ``c`` owns ``M_c = M / C`` frequencies and a weight
+    :math:`w_c > 0`; its features carry :math:`\sqrt{w_c / M_c}`, so
+    ``k(x, x) = Σ w_c`` and there is no separate ``outputscale``.  Random state
+    of the components lives in buffers with batch shape ``(*batch_shape, C)``.
+    """
+
+    has_outputscale = False
+    weights = ConstrainedParameter()
+
+    def __init__(
+        self,
+        num_dims: int,
+        num_samples: int,
+        *,
+        num_components: int,
+        weights_prior: Prior | None = None,
+        weights_constraint: Interval | None = None,
+        **kwargs,
+    ):
+        check_positive_int(num_components, "num_components")
+        check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
+        if num_samples % num_components:
+            raise ValueError(
+                f"num_samples={num_samples} must be a multiple of num_components={num_components} "
+                "(every component has M/C frequencies)"
+            )
+        super().__init__(num_dims, num_samples, **kwargs)
+        self.num_components = num_components
+        register_constrained_parameter(
+            self,
+            "weights",
+            torch.full(self.component_shape, 1.0 / num_components),
+            weights_constraint or Positive(),
+            weights_prior,
+        )
+
+    @property
+    def component_shape(self) -> torch.Size:
+        return torch.Size([*self.batch_shape, self.num_components])
+
+    @property
+    def samples_per_component(self) -> int:
+        return self.num_samples // self.num_components
+
+    def join_components(self, proj: Tensor) -> Tensor:
+        """(..., C, n, M_c) per-component projections → (..., n, M), component-major."""
+        return proj.movedim(-3, -2).reshape(*proj.shape[:-3], proj.shape[-2], self.num_samples)
+
+    def feature_scale(self) -> Tensor:
+        per_frequency = (self.weights / self.samples_per_component).sqrt()
+        per_frequency = per_frequency.unsqueeze(-1).expand(*per_frequency.shape, self.samples_per_component)
+        return per_frequency.reshape(*self.batch_shape, 1, self.num_samples)
+
+    def prior_variance(self) -> Tensor:
+        return self.weights.sum(-1)
+
+    def extra_repr(self) -> str:
+        return f"num_dims={self.num_dims}, num_samples={self.num_samples}, num_components={self.num_components}"

@@ -7,10 +7,9 @@ from gpytorch.constraints import Interval, Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from .._validation import check_positive_int
 from ..features.fastfood import choose_strategy, fastfood_matrix, fastfood_project
 from ._params import ConstrainedParameter, register_constrained_parameter
-from .base import FeatureKernel, resolve_seed
+from .base import MixtureFeatureKernel, resolve_seed
 from .fastfood import check_strategy, register_fastfood_state
 
 __all__ = ["SpectralMixtureFastfoodKernel", "spectral_mixture_kernel"]
@@ -28,7 +27,7 @@ def spectral_mixture_kernel(x1: Tensor, x2: Tensor, weights: Tensor, means: Tens
     return (weights * envelope * torch.cos((means * tau).sum(-1))).sum(-1)
 
 
-class SpectralMixtureFastfoodKernel(FeatureKernel):
+class SpectralMixtureFastfoodKernel(MixtureFeatureKernel):
     r"""Gaussian spectral mixture kernel (Wilson & Adams 2013) on Fastfood features.
 
     .. math::
@@ -67,8 +66,6 @@ class SpectralMixtureFastfoodKernel(FeatureKernel):
     """
 
     has_lengthscale = False
-    has_outputscale = False
-    weights = ConstrainedParameter()
     scales = ConstrainedParameter()
 
     def __init__(
@@ -85,34 +82,24 @@ class SpectralMixtureFastfoodKernel(FeatureKernel):
         scales_constraint: Interval | None = None,
         **kwargs,
     ):
-        check_positive_int(num_components, "num_components")
-        check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
-        if num_samples % num_components:
-            raise ValueError(
-                f"num_samples={num_samples} must be a multiple of num_components={num_components} "
-                "(every component has M/Q frequencies)"
-            )
-        super().__init__(num_dims, num_samples, **kwargs)
-        self.num_components = num_components
+        super().__init__(
+            num_dims,
+            num_samples,
+            num_components=num_components,
+            weights_prior=weights_prior,
+            weights_constraint=weights_constraint,
+            **kwargs,
+        )
         self.strategy = check_strategy(strategy)
         self.seed = resolve_seed(seed)
-        per_component = num_samples // num_components
-        batch = (*self.batch_shape, num_components)
-        radius = register_fastfood_state(self, num_dims, per_component, batch, self.seed)
+        batch = self.component_shape
+        radius = register_fastfood_state(self, num_dims, self.samples_per_component, batch, self.seed)
         self.register_buffer("radius", radius)
-        dtype = torch.get_default_dtype()
         means = np.random.default_rng([self.seed, 1]).normal(0.0, 0.1, size=(*batch, num_dims))
-        self.register_parameter("means", torch.nn.Parameter(torch.as_tensor(means, dtype=dtype)))
-        register_constrained_parameter(
-            self, "weights", torch.full(batch, 1.0 / num_components), weights_constraint or Positive(), weights_prior
-        )
+        self.register_parameter("means", torch.nn.Parameter(torch.as_tensor(means, dtype=torch.get_default_dtype())))
         register_constrained_parameter(
             self, "scales", torch.ones(*batch, num_dims), scales_constraint or Positive(), scales_prior
         )
-
-    @property
-    def samples_per_component(self) -> int:
-        return self.num_samples // self.num_components
 
     def frequencies(self) -> Tensor:
         """All M frequency vectors ω (component-major), shape (*batch, M, d)."""
@@ -127,21 +114,10 @@ class SpectralMixtureFastfoodKernel(FeatureKernel):
         scaled = x.unsqueeze(-3) * self.scales.unsqueeze(-2)  # (..., Q, n, d)
         proj = fastfood_project(scaled, self.sign, self.perm, self.gauss, self.radius, "fwht")  # (..., Q, n, Mq)
         proj = proj + (x.unsqueeze(-3) @ self.means.unsqueeze(-1))  # the O(d) shift μ_qᵀx
-        return proj.movedim(-3, -2).reshape(*proj.shape[:-3], proj.shape[-2], self.num_samples)
-
-    def feature_scale(self) -> Tensor:
-        per_frequency = (self.weights / self.samples_per_component).sqrt()
-        per_frequency = per_frequency.unsqueeze(-1).expand(*per_frequency.shape, self.samples_per_component)
-        return per_frequency.reshape(*self.batch_shape, 1, self.num_samples)
-
-    def prior_variance(self) -> Tensor:
-        return self.weights.sum(-1)
+        return self.join_components(proj)
 
     def expected_kernel(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The closed form this expansion estimates (dense; non-batched kernels)."""
         if len(self.batch_shape):
             raise ValueError("expected_kernel supports kernels without batch_shape")
         return spectral_mixture_kernel(x1, x2, self.weights, self.means, self.scales)
-
-    def extra_repr(self) -> str:
-        return f"num_dims={self.num_dims}, num_samples={self.num_samples}, num_components={self.num_components}"
