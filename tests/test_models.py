@@ -162,7 +162,7 @@ def test_fit_improves_and_is_deterministic(optimizer):
     runs = []
     for _ in range(2):
         model = feature_model()
-        history = fit(model, x, y, optimizer=optimizer, max_iter=30, progress=False)
+        history = fit(model, x, y, optimizer=optimizer, max_iter=30, restarts=0, progress=False)
         runs.append((history, model.predict(x[:10])))
     (h1, p1), (h2, p2) = runs
     assert h1.loss[-1] < h1.loss[0] - 0.3
@@ -212,7 +212,7 @@ def test_feature_gp_with_exact_hyperparameters_approaches_exact_gp():
     approach the exact GP's as M grows (the kernel converges, so does the posterior)."""
     x, y = toy_data(n=150)
     exact = ExactRBFGP(None, None, num_dims=3, ard=True).double()
-    fit(exact, x, y, max_iter=50, progress=False)
+    fit(exact, x, y, max_iter=50, restarts=0, progress=False)
     x_test = toy_data(n=100, seed=1)[0]
     reference = exact.predict(x_test)
     errors = []
@@ -250,3 +250,35 @@ def test_state_dict_reload_gives_bit_identical_predictions(make, tmp_path):
     x_test = toy_data(n=30, seed=2)[0]
     a, b = model.predict(x_test), fresh.predict(x_test)
     assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: feature_model(),
+    lambda: FeatureGP(None, None, alacarte.SpectralMixtureFastfoodKernel(3, 64, num_components=4, seed=0)).double(),
+    lambda: FeatureGP(None, None, alacarte.PiecewiseLinearRadialKernel(3, 64, num_components=4, ard_num_dims=3, seed=0)).double(),
+    lambda: FeatureGP(None, None, alacarte.SSGPRKernel(3, 32, seed=0)).double(),
+    lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double(),
+])
+def test_restarts_are_reproducible_and_keep_the_best(make):
+    x, y = toy_data(n=120)
+    runs = []
+    for seed in (0, 0, 1):
+        model = make()
+        history = fit(model, x, y, restarts=4, restart_iter=5, max_iter=5, seed=seed, progress=False)
+        runs.append((history, {k: v.clone() for k, v in model.state_dict().items()}))
+    (h1, s1), (h2, s2), (h3, _) = runs
+    assert len(h1.restart_losses) == 4
+    assert h1.restart_losses == h2.restart_losses and h1.loss == h2.loss
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)  # bit for bit
+    assert h1.chosen_restart == int(np.argmin(h1.restart_losses))
+    assert h1.restart_losses != h3.restart_losses  # another seed, other initialisations
+    # training continued from the chosen restart: its first loss is that restart's loss
+    assert abs(h1.loss[0] - h1.restart_losses[h1.chosen_restart]) < 1e-9
+
+
+def test_fit_rejects_bad_restart_settings():
+    x, y = toy_data()
+    with pytest.raises(ValueError, match="restarts"):
+        fit(feature_model(), x, y, restarts=-1)
+    with pytest.raises(ValueError, match="restart_iter"):
+        fit(feature_model(), x, y, restarts=2, restart_iter=0)
