@@ -14,6 +14,7 @@ from .kernels import (
     SpectralMixtureFastfoodKernel,
     SSGPRKernel,
 )
+from .datasets import load_uci
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .training import fit
@@ -33,4 +34,5 @@ __all__ = [
     "ExactRBFGP",
     "WoodburyMarginalLogLikelihood",
     "fit",
+    "load_uci",
 ]

@@ -1,4 +1,6 @@
-"""Datasets: the synthetic problems of the variable-selection papers (MATH.md §8)."""
+"""Datasets: the UCI regression benchmark (standard splits) and the synthetic
+problems of the variable-selection papers (MATH.md §8)."""
 from .synthetic import make_se1, make_se2, make_se3
+from .uci import UCISplit, list_uci, load_uci
 
-__all__ = ["make_se1", "make_se2", "make_se3"]
+__all__ = ["load_uci", "list_uci", "UCISplit", "make_se1", "make_se2", "make_se3"]

@@ -1,0 +1,133 @@
+"""The 29 UCI regression datasets with the À la carte paper's 10 standard splits.
+
+Layout (as in the public ``treforevans/uci_datasets`` collection), one folder
+per dataset: ``data.csv.gz`` (inputs then target, no header) and
+``test_mask.csv.gz`` (n × 10 of 0/1; column ``s`` marks split ``s``'s test
+points).  Every file is checked against the SHA-256 in ``uci_registry.json``
+before it is parsed, so a truncated or damaged file is an error, never a
+wrong dataset.
+
+The data directory is the ``data_dir`` argument, else ``$ALACARTE_DATA``.
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["UCISplit", "load_uci", "list_uci", "UCI_NUM_SPLITS"]
+
+UCI_NUM_SPLITS = 10
+ENV_VAR = "ALACARTE_DATA"
+
+# The paper's names (Table 1) → folder names.
+PAPER_NAMES = {
+    "challenger": "challenger", "fertility": "fertility", "slump": "concreteslump",
+    "automobile": "autos", "servo": "servo", "cancer": "breastcancer", "hardware": "machine",
+    "yacht": "yacht", "auto mpg": "autompg", "housing": "housing", "forest fires": "forest",
+    "stock": "stock", "pendulum": "pendulum", "energy": "energy", "concrete": "concrete",
+    "solar flare": "solar", "airfoil": "airfoil", "wine": "wine", "gas sensor": "gas",
+    "skillcraft": "skillcraft", "sml": "sml", "parkinsons": "parkinsons", "pumadyn": "pumadyn32nm",
+    "pole tele": "pol", "elevators": "elevators", "kin40k": "kin40k", "protein": "protein",
+    "kegg": "keggdirected", "keggu": "keggundirected",
+}
+
+
+@dataclass(frozen=True)
+class UCISplit:
+    """One train/test split, float64 arrays; targets in the files' units."""
+
+    name: str
+    split: int
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+@functools.lru_cache(maxsize=1)
+def _registry() -> dict:
+    with open(Path(__file__).with_name("uci_registry.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def canonical_name(name: str) -> str:
+    """Folder name for a paper name or folder name (case-insensitive)."""
+    key = " ".join(str(name).lower().replace("_", " ").split())
+    folder = PAPER_NAMES.get(key, key)
+    if folder not in _registry():
+        known = ", ".join(sorted(_registry()))
+        raise ValueError(f"unknown UCI dataset {name!r}; known: {known} (or their names in the paper's Table 1)")
+    return folder
+
+
+def list_uci() -> dict[str, tuple[int, int]]:
+    """Every dataset's folder name with its (n, d)."""
+    return {name: (entry["n"], entry["d"]) for name, entry in sorted(_registry().items())}
+
+
+def _data_dir(data_dir: str | os.PathLike | None) -> Path:
+    chosen = data_dir if data_dir is not None else os.environ.get(ENV_VAR)
+    if chosen is None:
+        raise ValueError(
+            f"no UCI data directory: pass data_dir=... or set ${ENV_VAR} to a folder in the "
+            "treforevans/uci_datasets layout (one folder per dataset with data.csv.gz and test_mask.csv.gz)"
+        )
+    path = Path(chosen).expanduser()
+    if not path.is_dir():
+        raise ValueError(f"UCI data directory {str(path)!r} does not exist or is not a directory")
+    return path
+
+
+def _read_checked(path: Path, sha256: str) -> np.ndarray:
+    if not path.is_file():
+        raise ValueError(f"missing UCI file {str(path)!r}")
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != sha256:
+        raise ValueError(
+            f"UCI file {str(path)!r} is damaged or not the expected version "
+            f"(sha256 {digest[:12]}…, expected {sha256[:12]}…); replace it with a fresh copy"
+        )
+    with gzip.open(io.BytesIO(raw)) as fh:
+        return np.loadtxt(fh, delimiter=",", ndmin=2)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_arrays(folder: str, directory: str) -> tuple[np.ndarray, np.ndarray]:
+    entry = _registry()[folder]
+    base = Path(directory) / folder
+    data = _read_checked(base / "data.csv.gz", entry["data.csv.gz"])
+    masks = _read_checked(base / "test_mask.csv.gz", entry["test_mask.csv.gz"]).astype(bool)
+    data.flags.writeable = False
+    masks.flags.writeable = False
+    return data, masks
+
+
+def load_uci(name: str, split: int, data_dir: str | os.PathLike | None = None) -> UCISplit:
+    """Train/test arrays of ``split`` (0–9) of a UCI dataset.
+
+    Args:
+        name: a folder name (``"kin40k"``) or the paper's name (``"Pole Tele"``).
+        split: 0 … 9, the paper's standard splits.
+        data_dir: the data folder; default ``$ALACARTE_DATA``.
+
+    Example:
+        >>> s = load_uci("yacht", 0, "../shared/uci")
+        >>> s.x_train.shape, s.x_test.shape
+        ((277, 6), (31, 6))
+    """
+    folder = canonical_name(name)
+    if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 0 <= split < UCI_NUM_SPLITS:
+        raise ValueError(f"split must be an integer in 0..{UCI_NUM_SPLITS - 1}, got {split!r}")
+    data, masks = _load_arrays(folder, str(_data_dir(data_dir).resolve()))
+    test = masks[:, split]
+    x, y = data[:, :-1], data[:, -1]
+    return UCISplit(folder, int(split), x[~test].copy(), y[~test].copy(), x[test].copy(), y[test].copy())

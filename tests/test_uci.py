@@ -1,0 +1,63 @@
+"""The UCI loader against the shared copies in ../shared/uci."""
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from alacarte.datasets import list_uci, load_uci
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "uci"
+needs_data = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/uci is not present")
+
+
+@needs_data
+@pytest.mark.parametrize("name, paper_name, n, d", [("yacht", "Yacht", 308, 6), ("concrete", "Concrete", 1030, 8),
+                                                   ("pol", "Pole Tele", 15000, 26)])
+def test_shapes_and_split_sizes(name, paper_name, n, d):
+    with gzip.open(SHARED / name / "test_mask.csv.gz") as fh:
+        masks = np.loadtxt(fh, delimiter=",").astype(bool)
+    for split in (0, 9):
+        s = load_uci(paper_name, split, SHARED)
+        assert s.name == name
+        assert s.x_train.shape == (n - masks[:, split].sum(), d) and s.x_test.shape == (masks[:, split].sum(), d)
+        assert s.y_train.shape == (s.x_train.shape[0],) and 0.05 < s.x_test.shape[0] / n < 0.15
+    assert list_uci()[name] == (n, d)
+
+
+@needs_data
+def test_repeated_calls_are_identical_and_env_var_works(monkeypatch):
+    monkeypatch.setenv("ALACARTE_DATA", str(SHARED))
+    a, b = load_uci("energy", 3), load_uci("ENERGY", 3)
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        assert np.array_equal(getattr(a, field), getattr(b, field))
+    a.x_train[0, 0] = 1e9  # callers get their own copies
+    assert load_uci("energy", 3).x_train[0, 0] != 1e9
+
+
+def test_clear_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("ALACARTE_DATA", raising=False)
+    with pytest.raises(ValueError, match="unknown UCI dataset 'nope'"):
+        load_uci("nope", 0, tmp_path)
+    with pytest.raises(ValueError, match="no UCI data directory"):
+        load_uci("yacht", 0)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_uci("yacht", 0, tmp_path / "missing")
+    with pytest.raises(ValueError, match="missing UCI file"):
+        load_uci("yacht", 0, tmp_path)
+    with pytest.raises(ValueError, match="split must be"):
+        load_uci("yacht", 10, tmp_path)
+
+
+@needs_data
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_file_is_an_error(tmp_path, damage):
+    shutil.copytree(SHARED / "servo", tmp_path / "servo")
+    path = tmp_path / "servo" / "data.csv.gz"
+    raw = bytearray(path.read_bytes())
+    raw = raw[: len(raw) // 2] if damage == "truncate" else raw[:-20] + bytes([raw[-20] ^ 1]) + raw[-19:]
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="damaged"):
+        load_uci("servo", 0, tmp_path)
