@@ -4,11 +4,13 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import gpytorch
 import numpy as np
 import torch
+from linear_operator.utils.errors import NotPSDError
 from tqdm.auto import tqdm
 
 from ._validation import check_positive_int
@@ -66,14 +68,24 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
 
     losses: list[float] = []
     calm = 0
+    good_state = copy.deepcopy(model.state_dict())
     with model.inference_settings():
         for _ in range(max_iter):
-            loss = float(opt.step(closure).detach())
+            try:
+                loss = float(opt.step(closure).detach())
+            except NotPSDError:
+                loss = math.nan
             if not math.isfinite(loss):
-                raise ValueError(
-                    f"the loss became {loss} during training; try optimizer='adam' with a smaller lr, "
-                    "float64, or standardize=True"
+                # An extreme line-search probe broke the factorisation: keep the last good point.
+                model.load_state_dict(good_state)
+                warnings.warn(
+                    f"training stopped after {len(losses)} iterations: the loss became non-finite or the "
+                    "covariance lost positive definiteness; the last good parameters are kept",
+                    RuntimeWarning,
+                    stacklevel=3,
                 )
+                return losses, False
+            good_state = copy.deepcopy(model.state_dict())
             previous = losses[-1] if losses else None
             losses.append(loss)
             bar.update(1)
@@ -179,11 +191,14 @@ def fit(
             for restart in range(restarts):
                 model.load_state_dict(initial)
                 initialize(model, x, y, rng, restart)
-                try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # a restart that fails is just not chosen
                     _optimize(model, x, y, optimizer, restart_iter, lr, tolerance, bar)
+                try:
                     loss = _current_loss(model, x, y)
-                except ValueError:  # a restart that diverged is simply not chosen
+                except NotPSDError:
                     loss = math.inf
+                loss = loss if math.isfinite(loss) else math.inf
                 history.restart_losses.append(loss)
                 if best_state is None or loss < min(history.restart_losses[:-1]):
                     best_state, history.chosen_restart = copy.deepcopy(model.state_dict()), restart

@@ -282,3 +282,28 @@ def test_fit_rejects_bad_restart_settings():
         fit(feature_model(), x, y, restarts=-1)
     with pytest.raises(ValueError, match="restart_iter"):
         fit(feature_model(), x, y, restarts=2, restart_iter=0)
+
+
+def test_a_broken_factorisation_mid_training_keeps_the_last_good_state():
+    from linear_operator.utils.errors import NotPSDError
+
+    x, y = toy_data(n=60)
+    model = ExactRBFGP(None, None, num_dims=3, ard=True).double()
+    real_step = torch.optim.LBFGS.step
+    calls = []
+
+    def failing_step(self, closure):
+        calls.append(1)
+        if len(calls) == 4:
+            for group in self.param_groups:  # the probe leaves parameters at a bad point
+                for p in group["params"]:
+                    p.data.fill_(1e6)
+            raise NotPSDError("simulated")
+        return real_step(self, closure)
+
+    with mock.patch.object(torch.optim.LBFGS, "step", failing_step):
+        with pytest.warns(RuntimeWarning, match="last good parameters are kept"):
+            history = fit(model, x, y, restarts=0, max_iter=10, progress=False)
+    assert history.iterations == 3 and not history.converged
+    assert all(torch.isfinite(p).all() and p.abs().max() < 1e5 for p in model.parameters())
+    assert torch.isfinite(model.predict(x[:5]).mean).all()
