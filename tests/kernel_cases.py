@@ -95,6 +95,18 @@ class FeatureKernelTestCase(BaseKernelTestCase):
         ratio = errors[512] / errors[8192]
         self.assertTrue(2.0 <= ratio <= 8.0, f"error ratio {ratio:.2f} for 16x M ({errors})")
 
+    def test_execution_strategies_agree(self):
+        """Fastfood kernels: the FWHT path and the materialised-GEMM path, batched."""
+        x = torch.randn(2, 6, 5, dtype=torch.float64)
+        ard = {"ard_num_dims": 5} if self.supports_ard else {}
+        kernel = self.make_kernel(5, 40, batch_shape=torch.Size([2]), **ard).double()
+        if not hasattr(kernel, "strategy"):
+            self.skipTest(f"{type(kernel).__name__} has a single (dense) execution path")
+        kernel.strategy = "dense"
+        dense = kernel.features(x)
+        kernel.strategy = "fwht"
+        self.assertAllClose(kernel.features(x), dense, rtol=1e-10, atol=1e-12)
+
     # -- operator structure, diag, dtypes ---------------------------------------------
     def test_returns_feature_operators(self):
         kernel = self.make_kernel(3).double()

@@ -69,14 +69,6 @@ class TestPiecewiseLinearRadialKernel(FeatureKernelTestCase, unittest.TestCase):
         )
         return torch.as_tensor(values.reshape(rho.shape))
 
-    def test_strategies_agree(self):
-        x = torch.randn(2, 6, 5, dtype=torch.float64)
-        kernel = self.make_kernel(5, 40, num_components=4, batch_shape=torch.Size([2]), ard_num_dims=5).double()
-        kernel.strategy = "dense"
-        dense = kernel.features(x)
-        kernel.strategy = "fwht"
-        self.assertAllClose(kernel.features(x), dense, rtol=1e-10, atol=1e-12)
-
     def test_frequency_lengths_are_the_quantile_radii(self):
         kernel = self.make_kernel(4, 64, num_components=2, ard_num_dims=4).double()  # d = p: whole rows
         omega_t = kernel.projection(torch.eye(4, dtype=torch.float64) * kernel.lengthscale.detach()).detach()

@@ -38,14 +38,6 @@ class TestSpectralMixtureFastfoodKernel(FeatureKernelTestCase, unittest.TestCase
     def expected_kernel(self, kernel, x1, x2, lengthscale):
         return kernel.expected_kernel(x1, x2).detach()
 
-    def test_strategies_agree(self):
-        x = torch.randn(2, 6, 5, dtype=torch.float64)
-        kernel = self.make_kernel(5, 40, num_components=4, batch_shape=torch.Size([2])).double()
-        kernel.strategy = "dense"
-        dense = kernel.features(x)
-        kernel.strategy = "fwht"
-        self.assertAllClose(kernel.features(x), dense, rtol=1e-10, atol=1e-12)
-
     def test_rejects_uneven_components_and_outputscale(self):
         with self.assertRaisesRegex(ValueError, "multiple of num_components"):
             SpectralMixtureFastfoodKernel(3, 10, num_components=4)

@@ -1,6 +1,5 @@
 """The UCI loader against the shared copies in ../shared/uci."""
 import gzip
-import os
 import shutil
 from pathlib import Path
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..ops.fwht import fwht
+from ..ops.fwht import apply_plan, chunk_rows, fwht, plan_for, workspace
 
 __all__ = [
     "FastfoodState",
@@ -89,29 +89,184 @@ def row_scale(gauss: Tensor, radius: Tensor) -> Tensor:
 
 
 def _block_transform(u: Tensor, sign: Tensor, perm: Tensor, gauss: Tensor) -> Tensor:
-    """``H G Π H B`` applied to ``u`` of shape (..., K, p) (blocks already broadcast)."""
+    """``H G Π H B`` applied to ``u`` of shape (..., K, p) (blocks already broadcast).
+
+    The plain autograd composition of the definition (a reference for tests; the
+    projection itself runs the fused :class:`_FastfoodFWHT`).
+    """
     u = fwht(u * sign)
     u = torch.gather(u, -1, perm.expand(*u.shape))
     return fwht(u * gauss)
 
 
+# --------------------------------------------------------------------------- fused FWHT path
+def _global_index(perm: Tensor) -> Tensor:
+    """Per-block permutations (K, p) as one index into the flattened K·p columns."""
+    k, p = perm.shape
+    offs = torch.arange(k, device=perm.device, dtype=perm.dtype).unsqueeze(-1) * p
+    return (perm + offs).reshape(-1)
+
+
+def _first_half(xc: Tensor, sign: Tensor, gidx: Tensor, plan: tuple, out: Tensor, ws1: Tensor, ws2: Tensor) -> Tensor:
+    """``Π H B pad(x)`` for a row chunk xc (c, d) into ``out`` (c, K·p); ws1/ws2 scratch."""
+    c, d = xc.shape
+    k, p = sign.shape
+    t = ws1.view(c, k, p)
+    if d < p:
+        t[..., d:].zero_()
+        torch.mul(xc.unsqueeze(1), sign[:, :d], out=t[..., :d])
+    else:
+        torch.mul(xc.unsqueeze(1), sign, out=t)
+    u = ws2.view(c * k, p)
+    apply_plan(plan, t.view(c * k, p), u, out.view(c * k, p))
+    torch.index_select(u.view(c, k * p), 1, gidx, out=out.view(c, k * p))
+    return out.view(c, k, p)
+
+
+def _flat_state(t: Tensor, batch: torch.Size, tail: tuple[int, ...]) -> Tensor:
+    return t.expand(*batch, *tail).reshape(-1, *tail)
+
+
+class _FastfoodFWHT(torch.autograd.Function):
+    """``pad(x) @ (S H G Π H B)ᵀ`` for all blocks, fused and chunked over rows.
+
+    Forward per row chunk (all intermediates in cached scratch, sized to stay in
+    cache): ``t = pad(x) ⊙ B`` (one write, the K-fold copy), ``H`` (``apply_plan``),
+    gather by ``Π`` (``index_select``), ``⊙ G`` in place, ``H``, and ``⊙ S`` written
+    straight into the output.  Backward recomputes what it needs chunk by chunk
+    (no n×K·p tensor is kept) and uses ``Hᵀ = H``, ``Π⁻¹``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, sign: Tensor, gauss: Tensor, scale: Tensor, perm: Tensor) -> Tensor:  # noqa: D102
+        k, p = sign.shape[-2:]
+        n, d = x.shape[-2:]
+        m = scale.shape[-1]
+        batch = torch.broadcast_shapes(x.shape[:-2], sign.shape[:-2], gauss.shape[:-2], scale.shape[:-1], perm.shape[:-2])
+        ctx.save_for_backward(x, sign, gauss, scale, perm)
+        ctx.batch = batch
+        xb = _flat_state(x, batch, (n, d))
+        sb, gb = _flat_state(sign, batch, (k, p)), _flat_state(gauss, batch, (k, p))
+        pb, scb = _flat_state(perm, batch, (k, p)), _flat_state(scale, batch, (m,))
+        out = x.new_empty(xb.shape[0], n, m)
+        plan = plan_for(p, x.dtype)
+        step = chunk_rows(k * p, x.element_size(), x.device)
+        size = min(step, n) * k * p
+        ws = [workspace(f"ff{i}", size, x.dtype, x.device) for i in range(3)]
+        for b in range(xb.shape[0]):
+            gidx = _global_index(pb[b])
+            for r0 in range(0, n, step):
+                r1 = min(n, r0 + step)
+                c = r1 - r0
+                e = c * k * p
+                q = _first_half(xb[b, r0:r1], sb[b], gidx, plan, ws[0][:e], ws[1][:e], ws[2][:e])
+                q.mul_(gb[b])
+                v = ws[1][:e].view(c * k, p)
+                apply_plan(plan, q.view(c * k, p), v, ws[2][:e].view(c * k, p))
+                torch.mul(v.view(c, k * p)[:, :m], scb[b], out=out[b, r0:r1])
+        return out.view(*batch, n, m)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        x, sign, gauss, scale, perm = ctx.saved_tensors
+        batch = ctx.batch
+        need_x, need_sign, need_gauss, need_scale = ctx.needs_input_grad[:4]
+        k, p = sign.shape[-2:]
+        n, d = x.shape[-2:]
+        m = scale.shape[-1]
+        xb = _flat_state(x, batch, (n, d))
+        sb, gb = _flat_state(sign, batch, (k, p)), _flat_state(gauss, batch, (k, p))
+        pb, scb = _flat_state(perm, batch, (k, p)), _flat_state(scale, batch, (m,))
+        gr = grad.expand(*batch, n, m).reshape(-1, n, m)
+        nb = xb.shape[0]
+        gx = x.new_empty(nb, n, d) if need_x else None
+        gsign = x.new_zeros(nb, k, p) if need_sign else None
+        ggauss = x.new_zeros(nb, k, p) if need_gauss else None
+        gscale = x.new_zeros(nb, m) if need_scale else None
+        plan = plan_for(p, x.dtype)
+        step = chunk_rows(k * p, x.element_size(), x.device)
+        size = min(step, n) * k * p
+        ws = [workspace(f"ff{i}", size, x.dtype, x.device) for i in range(4)]
+        for b in range(nb):
+            gidx = _global_index(pb[b])
+            ginv = torch.argsort(gidx)
+            for r0 in range(0, n, step):
+                r1 = min(n, r0 + step)
+                c = r1 - r0
+                e = c * k * p
+                w0, w1, w2, w3 = (w[:e].view(c, k * p) for w in ws)
+                gc = gr[b, r0:r1]
+                # a = H (pad(g ⊙ s)) per block
+                if m < k * p:
+                    w0[:, m:].zero_()
+                torch.mul(gc, scb[b], out=w0[:, :m])
+                apply_plan(plan, w0.view(c * k, p), w1.view(c * k, p), w2.view(c * k, p))
+                a = w1.view(c, k, p)
+                if need_gauss or need_scale:
+                    q = _first_half(xb[b, r0:r1], sb[b], gidx, plan, w0, w2, w3)
+                    if need_gauss:
+                        ggauss[b] += (a * q).sum(0)
+                    if need_scale:
+                        torch.mul(q, gb[b], out=w2.view(c, k, p))
+                        apply_plan(plan, w2.view(c * k, p), w3.view(c * k, p), w0.view(c * k, p))
+                        gscale[b] += (gc * w3[:, :m]).sum(0)
+                if not (need_x or need_sign):
+                    continue
+                torch.mul(a, gb[b], out=w2.view(c, k, p))
+                torch.index_select(w2, 1, ginv, out=w0)
+                apply_plan(plan, w0.view(c * k, p), w3.view(c * k, p), w2.view(c * k, p))
+                gt = w3.view(c, k, p)[..., :d]
+                if need_sign:
+                    gsign[b, :, :d] += (gt * xb[b, r0:r1].unsqueeze(1)).sum(0)
+                if need_x:
+                    gx[b, r0:r1] = torch.einsum("ckd,kd->cd", gt, sb[b, :, :d])
+
+        def back(g: Tensor | None, shape: torch.Size, tail: tuple[int, ...]) -> Tensor | None:
+            if g is None:
+                return None
+            return g.view(*batch, *tail).sum_to_size(shape)
+
+        return (
+            back(gx, x.shape, (n, d)),
+            back(gsign, sign.shape, (k, p)),
+            back(ggauss, gauss.shape, (k, p)),
+            back(gscale, scale.shape, (m,)),
+            None,
+        )
+
+
+def _project_fwht(x: Tensor, sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor) -> Tensor:
+    dtype = x.dtype
+    scale = row_scale(gauss, radius).to(dtype)
+    return _FastfoodFWHT.apply(x, sign.to(dtype), gauss.to(dtype), scale, perm)
+
+
 def fastfood_matrix(sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor, num_dims: int) -> Tensor:
     """The effective frequency matrix ``V`` (first ``d`` columns), shape (*batch, M, d).
 
-    Differentiable in ``sign``, ``gauss`` and ``radius``.
+    Differentiable in ``sign``, ``gauss`` and ``radius``.  Computed as the
+    projection of the ``d×d`` identity, O(d M log p).
     """
-    p = sign.shape[-1]
-    eye = torch.eye(p, dtype=sign.dtype, device=sign.device)[:num_dims]  # (d, p)
-    # rows of the identity through every block: (*batch, d, K, p)
-    u = _block_transform(
-        eye.unsqueeze(-2), sign.unsqueeze(-3), perm.unsqueeze(-3), gauss.unsqueeze(-3)
-    )
-    vt = u.reshape(*u.shape[:-2], -1)[..., : radius.shape[-1]]  # (*batch, d, M)
-    return (vt * row_scale(gauss, radius).unsqueeze(-2)).transpose(-1, -2)
+    return _fastfood_matrix_t(sign, perm, gauss, radius, num_dims).transpose(-1, -2)
 
 
-def choose_strategy(num_dims: int) -> str:
-    """The faster of the two equivalent execution paths for inputs of dimension d."""
+def _fastfood_matrix_t(sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor, num_dims: int) -> Tensor:
+    """``Vᵀ`` (*batch, d, M), contiguous."""
+    eye = torch.eye(num_dims, dtype=sign.dtype, device=sign.device)
+    return _project_fwht(eye, sign, perm, gauss, radius)
+
+
+def choose_strategy(num_dims: int, num_samples: int | None = None, dtype: torch.dtype | None = None) -> str:
+    """The faster of the two equivalent execution paths for inputs of dimension d.
+
+    Rule: ``"dense"`` (materialise V, one GEMM) for ``d ≤ DENSE_MAX_DIM`` (512),
+    ``"fwht"`` above.  ``num_samples`` and ``dtype`` are accepted for the rule's
+    signature but do not change it: both paths scale linearly in M, and the
+    measured cut-over (``experiments/results/features.md``, cut-over sweep, 2-core
+    AVX-512 CPU) lies between d = 512 and the next padded size for float32 and
+    float64 alike.
+    """
     return "dense" if num_dims <= DENSE_MAX_DIM else "fwht"
 
 
@@ -141,10 +296,7 @@ def fastfood_project(
     if strategy == "auto":
         strategy = choose_strategy(num_dims)
     if strategy == "dense":
-        return x @ fastfood_matrix(sign, perm, gauss, radius, num_dims).transpose(-1, -2)
+        return x @ _fastfood_matrix_t(sign, perm, gauss, radius, num_dims).to(x.dtype)
     if strategy != "fwht":
         raise ValueError(f"unknown strategy {strategy!r}; use 'auto', 'dense' or 'fwht'")
-    u = torch.nn.functional.pad(x, (0, p - num_dims)).unsqueeze(-2)  # (..., n, 1, p)
-    u = _block_transform(u, sign.unsqueeze(-3), perm.unsqueeze(-3), gauss.unsqueeze(-3))
-    u = u.reshape(*u.shape[:-2], -1)[..., : radius.shape[-1]]
-    return u * row_scale(gauss, radius).unsqueeze(-2)
+    return _project_fwht(x, sign, perm, gauss, radius)

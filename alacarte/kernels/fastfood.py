@@ -8,9 +8,10 @@ from torch import Tensor
 
 from ..features.fastfood import draw_fastfood_state, fastfood_project
 from ._params import ConstrainedParameter, register_constrained_parameter
-from .base import FeatureKernel, resolve_seed
+from ..features.fastfood import choose_strategy
+from .base import FeatureKernel, MixtureFeatureKernel, resolve_seed
 
-__all__ = ["FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "register_fastfood_state"]
+__all__ = ["FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "FastfoodMixtureKernel", "register_fastfood_state"]
 
 STRATEGIES = ("auto", "dense", "fwht")
 
@@ -136,3 +137,37 @@ class FSGBARDKernel(FSARDKernel):
     """
 
     _learn_blocks = True
+
+
+class FastfoodMixtureKernel(MixtureFeatureKernel):
+    """A spectral mixture whose components each own a Fastfood block stack.
+
+    Component state (``sign``, ``perm``, ``gauss`` and, with
+    ``uses_chi_radius``, the χ_p ``radius``) has batch shape
+    ``(*batch_shape, C)`` and ``M/C`` rows per component.
+    """
+
+    uses_chi_radius = True
+
+    def __init__(
+        self,
+        num_dims: int,
+        num_samples: int,
+        *,
+        num_components: int = 4,
+        seed: int | None = None,
+        strategy: str = "auto",
+        **kwargs,
+    ):
+        super().__init__(num_dims, num_samples, num_components=num_components, **kwargs)
+        self.strategy = check_strategy(strategy)
+        self.seed = resolve_seed(seed)
+        radius = register_fastfood_state(
+            self, num_dims, self.samples_per_component, self.component_shape, self.seed
+        )
+        if self.uses_chi_radius:
+            self.register_buffer("radius", radius)
+
+    def execution_strategy(self) -> str:
+        """``"dense"`` or ``"fwht"``: the configured one, or the faster for this input size."""
+        return choose_strategy(self.num_dims) if self.strategy == "auto" else self.strategy

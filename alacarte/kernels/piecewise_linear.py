@@ -8,10 +8,9 @@ from gpytorch.constraints import Interval, Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from ..features.fastfood import choose_strategy, fastfood_matrix, fastfood_project, padded_dim
+from ..features.fastfood import fastfood_matrix, fastfood_project, padded_dim
 from ._params import ConstrainedParameter, register_constrained_parameter
-from .base import MixtureFeatureKernel, resolve_seed
-from .fastfood import check_strategy, register_fastfood_state
+from .fastfood import FastfoodMixtureKernel
 
 __all__ = ["PiecewiseLinearRadialKernel", "standard_hat_quantiles", "hat_quantiles"]
 
@@ -35,7 +34,7 @@ def hat_quantiles(mode: Tensor, half_width: Tensor, num: int) -> Tensor:
     return mode.unsqueeze(-1) + half_width.unsqueeze(-1) * z
 
 
-class PiecewiseLinearRadialKernel(MixtureFeatureKernel):
+class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
     r"""Radial kernel whose radial spectral density is a mixture of hat functions (PWL).
 
     .. math::
@@ -73,32 +72,20 @@ class PiecewiseLinearRadialKernel(MixtureFeatureKernel):
     modes = ConstrainedParameter()
     width_ratios = ConstrainedParameter()
 
+    uses_chi_radius = False  # radii come from the hats
+
     def __init__(
         self,
         num_dims: int,
         num_samples: int,
         *,
         num_components: int = 4,
-        seed: int | None = None,
-        strategy: str = "auto",
         modes_prior: Prior | None = None,
         modes_constraint: Interval | None = None,
-        weights_prior: Prior | None = None,
-        weights_constraint: Interval | None = None,
         **kwargs,
     ):
-        super().__init__(
-            num_dims,
-            num_samples,
-            num_components=num_components,
-            weights_prior=weights_prior,
-            weights_constraint=weights_constraint,
-            **kwargs,
-        )
-        self.strategy = check_strategy(strategy)
-        self.seed = resolve_seed(seed)
+        super().__init__(num_dims, num_samples, num_components=num_components, **kwargs)
         batch = self.component_shape
-        register_fastfood_state(self, num_dims, self.samples_per_component, batch, self.seed)
         spread = torch.linspace(0.5, 1.5, num_components) if num_components > 1 else torch.ones(1)
         modes = (math.sqrt(padded_dim(num_dims)) * spread).expand(batch)
         register_constrained_parameter(self, "modes", modes, modes_constraint or Positive(), modes_prior)
@@ -116,8 +103,7 @@ class PiecewiseLinearRadialKernel(MixtureFeatureKernel):
     def projection(self, x: Tensor) -> Tensor:
         x = x / self.lengthscale
         radii = self.radii()
-        strategy = choose_strategy(self.num_dims) if self.strategy == "auto" else self.strategy
-        if strategy == "dense":
+        if self.execution_strategy() == "dense":
             omega = fastfood_matrix(self.sign, self.perm, self.gauss, radii, self.num_dims)  # (*b, C, Mc, d)
             return x @ omega.reshape(*self.batch_shape, self.num_samples, self.num_dims).transpose(-1, -2)
         proj = fastfood_project(x.unsqueeze(-3), self.sign, self.perm, self.gauss, radii, "fwht")  # (..., C, n, Mc)

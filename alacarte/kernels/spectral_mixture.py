@@ -7,10 +7,9 @@ from gpytorch.constraints import Interval, Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
-from ..features.fastfood import choose_strategy, fastfood_matrix, fastfood_project
+from ..features.fastfood import fastfood_matrix, fastfood_project
 from ._params import ConstrainedParameter, register_constrained_parameter
-from .base import MixtureFeatureKernel, resolve_seed
-from .fastfood import check_strategy, register_fastfood_state
+from .fastfood import FastfoodMixtureKernel
 
 __all__ = ["SpectralMixtureFastfoodKernel", "spectral_mixture_kernel"]
 
@@ -27,7 +26,7 @@ def spectral_mixture_kernel(x1: Tensor, x2: Tensor, weights: Tensor, means: Tens
     return (weights * envelope * torch.cos((means * tau).sum(-1))).sum(-1)
 
 
-class SpectralMixtureFastfoodKernel(MixtureFeatureKernel):
+class SpectralMixtureFastfoodKernel(FastfoodMixtureKernel):
     r"""Gaussian spectral mixture kernel (Wilson & Adams 2013) on Fastfood features.
 
     .. math::
@@ -55,6 +54,7 @@ class SpectralMixtureFastfoodKernel(MixtureFeatureKernel):
         num_components: ``Q``.
         seed: seed of the Fastfood state and of the initial means.
         strategy: ``"auto"``, ``"dense"`` or ``"fwht"`` (see :class:`FastfoodRBFKernel`).
+        weights_prior, weights_constraint, scales_prior, scales_constraint: for w and σ.
 
     Initial state: ``w_q = 1/Q``, ``σ_q = 1``, ``μ_q ~ N(0, 0.1²)`` (small, so
     that components can separate; see :mod:`alacarte.init` for data-driven values).
@@ -74,27 +74,12 @@ class SpectralMixtureFastfoodKernel(MixtureFeatureKernel):
         num_samples: int,
         *,
         num_components: int = 4,
-        seed: int | None = None,
-        strategy: str = "auto",
-        weights_prior: Prior | None = None,
-        weights_constraint: Interval | None = None,
         scales_prior: Prior | None = None,
         scales_constraint: Interval | None = None,
         **kwargs,
     ):
-        super().__init__(
-            num_dims,
-            num_samples,
-            num_components=num_components,
-            weights_prior=weights_prior,
-            weights_constraint=weights_constraint,
-            **kwargs,
-        )
-        self.strategy = check_strategy(strategy)
-        self.seed = resolve_seed(seed)
+        super().__init__(num_dims, num_samples, num_components=num_components, **kwargs)
         batch = self.component_shape
-        radius = register_fastfood_state(self, num_dims, self.samples_per_component, batch, self.seed)
-        self.register_buffer("radius", radius)
         means = np.random.default_rng([self.seed, 1]).normal(0.0, 0.1, size=(*batch, num_dims))
         self.register_parameter("means", torch.nn.Parameter(torch.as_tensor(means, dtype=torch.get_default_dtype())))
         register_constrained_parameter(
@@ -108,8 +93,7 @@ class SpectralMixtureFastfoodKernel(MixtureFeatureKernel):
         return omega.reshape(*self.batch_shape, self.num_samples, self.num_dims)
 
     def projection(self, x: Tensor) -> Tensor:
-        strategy = choose_strategy(self.num_dims) if self.strategy == "auto" else self.strategy
-        if strategy == "dense":
+        if self.execution_strategy() == "dense":
             return x @ self.frequencies().transpose(-1, -2)
         scaled = x.unsqueeze(-3) * self.scales.unsqueeze(-2)  # (..., Q, n, d)
         proj = fastfood_project(scaled, self.sign, self.perm, self.gauss, self.radius, "fwht")  # (..., Q, n, Mq)
