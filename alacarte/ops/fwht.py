@@ -27,7 +27,6 @@ block-diagonal ``I ⊗ H_p`` (16 columns wide) or with ``H_p`` itself.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from torch import Tensor
@@ -235,8 +234,3 @@ def fwht(x: Tensor) -> Tensor:
     _check_power_of_two(x.shape[-1])
     return _FWHT.apply(x, "auto")
 
-
-def log2(p: int) -> int:
-    """``log2`` of a power of two."""
-    _check_power_of_two(p)
-    return int(math.log2(p))
