@@ -122,7 +122,7 @@ def main() -> None:
                     if d <= 512:
                         fns.append(lambda: fastfood(x, ell, state, scale, "dense"))
                     t_rks, t_fw, t_de = (median_times(fns, reps) + [float("nan")])[:3]
-                    auto = choose_strategy(d, m, dtype)
+                    auto = choose_strategy(d)
                     t_auto = t_de if auto == "dense" else t_fw
                     results[(dtype, d, m)] = (t_rks, t_auto)
                     row = (
@@ -166,7 +166,7 @@ def main() -> None:
                     ],
                     reps,
                 )
-                row = f"| {str(dtype)[6:]} | {d} | {t_de:.4f} | {t_fw:.4f} | {t_de / t_fw:.2f} | {choose_strategy(d, 4096, dtype)} |"
+                row = f"| {str(dtype)[6:]} | {d} | {t_de:.4f} | {t_fw:.4f} | {t_de / t_fw:.2f} | {choose_strategy(d)} |"
                 lines.append(row)
                 print(row, flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -257,15 +257,13 @@ def _fastfood_matrix_t(sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor
     return _project_fwht(eye, sign, perm, gauss, radius)
 
 
-def choose_strategy(num_dims: int, num_samples: int | None = None, dtype: torch.dtype | None = None) -> str:
+def choose_strategy(num_dims: int) -> str:
     """The faster of the two equivalent execution paths for inputs of dimension d.
 
     Rule: ``"dense"`` (materialise V, one GEMM) for ``d ≤ DENSE_MAX_DIM`` (512),
-    ``"fwht"`` above.  ``num_samples`` and ``dtype`` are accepted for the rule's
-    signature but do not change it: both paths scale linearly in M, and the
-    measured cut-over (``experiments/results/features.md``, cut-over sweep, 2-core
-    AVX-512 CPU) lies between d = 512 and the next padded size for float32 and
-    float64 alike.
+    ``"fwht"`` above.  Both paths scale linearly in M, and the measured cut-over
+    (``experiments/results/features.md``, cut-over sweep, 2-core AVX-512 CPU)
+    lies between d = 512 and the next padded size for float32 and float64 alike.
     """
     return "dense" if num_dims <= DENSE_MAX_DIM else "fwht"
 
