@@ -22,7 +22,7 @@ from gpytorch.models import ExactGP
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import Tensor
 
-from ._validation import as_tensor, check_inputs, check_targets
+from ._validation import as_tensor, check_inputs, check_positive_int, check_targets
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
 from .woodbury import WoodburyPosterior, sufficient_statistics
@@ -111,6 +111,8 @@ class _StandardizedGP(ExactGP):
         if self.train_inputs is None:
             raise ValueError("the model has no training data: call alacarte.fit(model, x, y) first")
         x, _ = self.check_data(x)
+        if chunk_size is not None:
+            check_positive_int(chunk_size, "chunk_size")
         was_training = self.training
         self.eval()
         try:
@@ -167,7 +169,8 @@ class FeatureGP(_StandardizedGP):
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
     def train(self, mode: bool = True):
-        self._posterior = None
+        if mode:  # parameters may change while training: the cached posterior goes stale
+            self._posterior = None
         return super().train(mode)
 
     def set_train_data(self, inputs=None, targets=None, strict=True):

@@ -307,3 +307,21 @@ def test_a_broken_factorisation_mid_training_keeps_the_last_good_state():
     assert history.iterations == 3 and not history.converged
     assert all(torch.isfinite(p).all() and p.abs().max() < 1e5 for p in model.parameters())
     assert torch.isfinite(model.predict(x[:5]).mean).all()
+
+
+def test_posterior_is_factorised_once_across_predict_calls():
+    x, y = toy_data(n=80)
+    model = feature_model()
+    fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    with mock.patch("alacarte.models.WoodburyPosterior", wraps=alacarte.models.WoodburyPosterior) as built:
+        for _ in range(3):
+            model.predict(x[:10])
+        model(x[:5]).variance
+    assert built.call_count == 1
+    model.train()
+    model.eval()
+    with mock.patch("alacarte.models.WoodburyPosterior", wraps=alacarte.models.WoodburyPosterior) as built:
+        model.predict(x[:10])
+    assert built.call_count == 1  # training mode invalidated the cache
+    with pytest.raises(ValueError, match="chunk_size"):
+        model.predict(x[:10], chunk_size=0)
