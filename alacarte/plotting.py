@@ -1,0 +1,140 @@
+"""Pictures of a trained kernel: its learned spectral density and its input relevances.
+
+matplotlib is an optional extra (``pip install alacarte[plot]``), imported only
+when a picture is drawn.
+
+* GM: the marginal spectral density of every input dimension,
+  Σ_q w_q ½[N(ω; μ_qj, σ_qj²) + N(ω; −μ_qj, σ_qj²)];
+* PWL: the radial density Σ_c π_c hat_c(r);
+* FSARD / FSGBARD / Fastfood RBF: histogram of the radii against the χ_p
+  density they were drawn from;
+* relevances: inverse lengthscales (GM: Σ_q w_q σ_qj; SSGPR: RMS frequency per
+  input), normalised to sum to one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy import stats
+
+from .features.fastfood import padded_dim
+from .kernels import (
+    FastfoodRBFKernel,
+    FeatureKernel,
+    PiecewiseLinearRadialKernel,
+    SpectralMixtureFastfoodKernel,
+    SSGPRKernel,
+)
+
+__all__ = ["relevance", "plot_spectrum", "plot_relevance", "save_kernel_figure"]
+
+_MAX_PANELS = 8
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("pictures need matplotlib: pip install 'alacarte[plot]'") from err
+    return plt
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().double().numpy()
+
+
+def relevance(kernel: FeatureKernel) -> np.ndarray:
+    """Relative importance of each input dimension (non-negative, sums to one)."""
+    if isinstance(kernel, SpectralMixtureFastfoodKernel):
+        raw = (_numpy(kernel.weights)[:, None] * _numpy(kernel.scales)).sum(0)
+    elif isinstance(kernel, SSGPRKernel):
+        raw = np.sqrt((_numpy(kernel.frequencies) ** 2).mean(0))
+    elif kernel.has_lengthscale:
+        raw = np.broadcast_to(1.0 / _numpy(kernel.lengthscale).reshape(-1), (kernel.num_dims,)).copy()
+    else:
+        raise ValueError(f"no relevance is defined for {type(kernel).__name__}")
+    if len(kernel.batch_shape):
+        raise ValueError("relevance supports kernels without batch_shape")
+    return raw / raw.sum()
+
+
+def plot_spectrum(kernel: FeatureKernel, ax=None):
+    """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM)."""
+    plt = _pyplot()
+    if len(kernel.batch_shape):
+        raise ValueError("plot_spectrum supports kernels without batch_shape")
+    if isinstance(kernel, SpectralMixtureFastfoodKernel):
+        w, mu, sigma = _numpy(kernel.weights), _numpy(kernel.means), _numpy(kernel.scales)
+        dims = min(kernel.num_dims, _MAX_PANELS)
+        if ax is None:
+            _, ax = plt.subplots(1, dims, figsize=(3 * dims, 2.6), squeeze=False)
+            ax = ax[0]
+        ax = np.atleast_1d(ax)
+        for j in range(dims):
+            span = np.abs(mu[:, j]).max() + 4 * sigma[:, j].max()
+            omega = np.linspace(-span, span, 400)
+            dens = sum(
+                wq * 0.5 * (stats.norm.pdf(omega, m, s) + stats.norm.pdf(omega, -m, s))
+                for wq, m, s in zip(w, mu[:, j], sigma[:, j])
+            )
+            ax[j].plot(omega, dens)
+            ax[j].set_title(f"input {j}")
+            ax[j].set_xlabel("ω (rad / unit)")
+        ax[0].set_ylabel("spectral density")
+        return ax
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.2))
+    if isinstance(kernel, PiecewiseLinearRadialKernel):
+        a, b, w = _numpy(kernel.modes), _numpy(kernel.half_widths), _numpy(kernel.weights)
+        r = np.linspace(0, (a + b).max() * 1.05, 500)
+        dens = sum(wc * np.clip(bc - np.abs(r - ac), 0, None) / bc**2 for ac, bc, wc in zip(a, b, w))
+        ax.plot(r, dens, label="learned radial density")
+        ax.set_xlabel("radius r of ω (ARD-scaled input)")
+    elif isinstance(kernel, FastfoodRBFKernel):
+        radii = _numpy(kernel.radius).reshape(-1)
+        p = padded_dim(kernel.num_dims)
+        ax.hist(radii, bins=min(60, max(10, radii.size // 20)), density=True, alpha=0.6, label="radii")
+        r = np.linspace(0, radii.max() * 1.05, 400)
+        ax.plot(r, stats.chi.pdf(r, p), label=f"initial χ_{p} density")
+        ax.set_xlabel("radius s_i of ω (ARD-scaled input)")
+    else:
+        raise ValueError(f"no spectrum picture for {type(kernel).__name__}")
+    ax.set_ylabel("density")
+    ax.legend()
+    return ax
+
+
+def plot_relevance(kernel: FeatureKernel, ax=None, names: list[str] | None = None):
+    """Bar plot of :func:`relevance`; returns the axes."""
+    plt = _pyplot()
+    values = relevance(kernel)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4, 0.35 * values.size + 1), 3))
+    labels = names if names is not None else [str(j) for j in range(values.size)]
+    ax.bar(range(values.size), values)
+    ax.set_xticks(range(values.size), labels, rotation=90 if values.size > 12 else 0)
+    ax.set_ylabel("relevance")
+    ax.set_xlabel("input")
+    return ax
+
+
+def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | None = None) -> Path:
+    """One PNG with the spectrum (top) and the relevances (bottom) of ``kernel``."""
+    plt = _pyplot()
+    panels = min(kernel.num_dims, _MAX_PANELS) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
+    fig = plt.figure(figsize=(max(6, 3 * panels), 6.2))
+    grid = fig.add_gridspec(2, panels)
+    spectrum_axes = [fig.add_subplot(grid[0, j]) for j in range(panels)]
+    plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0])
+    plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]))
+    fig.suptitle(title or type(kernel).__name__)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

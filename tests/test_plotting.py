@@ -1,0 +1,44 @@
+"""Pictures of trained kernels, and the relevances they show."""
+import numpy as np
+import pytest
+import torch
+
+import alacarte as ac
+from alacarte.plotting import relevance, save_kernel_figure
+
+pytest.importorskip("matplotlib")
+
+
+def test_relevance_follows_inverse_lengthscales():
+    kernel = ac.FSARDKernel(4, 32, ard_num_dims=4, seed=0)
+    kernel.lengthscale = torch.tensor([1.0, 2.0, 4.0, 0.5])
+    rel = relevance(kernel)
+    assert np.allclose(rel, np.array([1, 0.5, 0.25, 2]) / 3.75)
+    iso = ac.FastfoodRBFKernel(3, 16, seed=0)
+    assert np.allclose(relevance(iso), 1 / 3)
+
+
+def test_gm_relevance_weights_scales():
+    kernel = ac.SpectralMixtureFastfoodKernel(2, 8, num_components=2, seed=0)
+    kernel.weights = torch.tensor([1.0, 3.0])
+    kernel.scales = torch.tensor([[1.0, 0.0001], [1.0, 1.0]])
+    rel = relevance(kernel)
+    assert np.isclose(rel.sum(), 1.0) and rel[0] > rel[1]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ac.SpectralMixtureFastfoodKernel(3, 16, num_components=2, seed=0),
+    lambda: ac.PiecewiseLinearRadialKernel(3, 16, num_components=2, ard_num_dims=3, seed=0),
+    lambda: ac.FSARDKernel(3, 64, ard_num_dims=3, seed=0),
+    lambda: ac.FSGBARDKernel(3, 64, ard_num_dims=3, seed=0),
+    lambda: ac.FastfoodRBFKernel(3, 64, seed=0),
+])
+def test_figure_is_a_png(make, tmp_path):
+    path = save_kernel_figure(make(), tmp_path / "kernel.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_unsupported_kernel_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="no spectrum picture for RandomFourierKernel"):
+        save_kernel_figure(ac.RandomFourierKernel(2, 8, seed=0), tmp_path / "x.png")
