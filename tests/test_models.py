@@ -325,3 +325,24 @@ def test_posterior_is_factorised_once_across_predict_calls():
     assert built.call_count == 1  # training mode invalidated the cache
     with pytest.raises(ValueError, match="chunk_size"):
         model.predict(x[:10], chunk_size=0)
+
+
+def test_posterior_function_samples_match_the_predictive_moments():
+    x, y = toy_data(n=100)
+    model = feature_model(m=16)
+    fit(model, x, y, max_iter=10, restarts=0, progress=False)
+    x_test = toy_data(n=6, seed=3)[0]
+    draws = model.sample_functions(40000, seed=1)
+    values = draws(x_test)  # (k, m), original units
+    assert values.shape == (40000, 6)
+    pred = model.predict(x_test)
+    with torch.no_grad():
+        latent_cov = model(model.internal_inputs(x_test)).covariance_matrix * model.target_scale**2
+    sd = pred.variance.sqrt()
+    assert ((values.mean(0) - pred.mean).abs() < 5 * sd / 200).all()  # 5 standard errors, k = 40000
+    empirical = torch.cov(values.T)
+    assert torch.allclose(empirical, latent_cov, rtol=0.05, atol=0.05 * sd.max().item() ** 2)
+    again = model.sample_functions(40000, seed=1)(x_test)
+    assert torch.equal(values, again)
+    with pytest.raises(ValueError, match="num_samples"):
+        model.sample_functions(0)
