@@ -17,6 +17,7 @@ from ._validation import check_positive_int
 from .init import initialize
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
+from .woodbury import NotPositiveDefiniteError
 
 __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
 
@@ -73,7 +74,7 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
         for _ in range(max_iter):
             try:
                 loss = float(opt.step(closure).detach())
-            except NotPSDError:
+            except (NotPSDError, NotPositiveDefiniteError):
                 loss = math.nan
             if not math.isfinite(loss):
                 # An extreme line-search probe broke the factorisation: keep the last good point.
@@ -196,7 +197,7 @@ def fit(
                     _optimize(model, x, y, optimizer, restart_iter, lr, tolerance, bar)
                 try:
                     loss = _current_loss(model, x, y)
-                except NotPSDError:
+                except (NotPSDError, NotPositiveDefiniteError):
                     loss = math.inf
                 loss = loss if math.isfinite(loss) else math.inf
                 history.restart_losses.append(loss)

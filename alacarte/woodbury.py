@@ -21,6 +21,7 @@ from scipy.linalg import blas as scipy_blas
 from torch import Tensor
 
 __all__ = [
+    "NotPositiveDefiniteError",
     "SufficientStatistics",
     "sufficient_statistics",
     "negative_log_marginal_likelihood",
@@ -121,6 +122,10 @@ def sufficient_statistics(phi: Tensor, r: Tensor) -> SufficientStatistics:
     return SufficientStatistics(gram=gram_, phi_r=phi_r, r_r=(r * r).sum(-1), n=phi.shape[-2])
 
 
+class NotPositiveDefiniteError(ValueError):
+    """A = ΦᵀΦ + σ²I could not be factorised even with jitter."""
+
+
 def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
     """Cholesky factor of a symmetric positive-definite matrix.
 
@@ -146,7 +151,7 @@ def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
             )
             return factor
         jitter *= 10
-    raise ValueError(
+    raise NotPositiveDefiniteError(
         "A = ΦᵀΦ + σ²I is not positive definite even with jitter: the features or the noise contain "
         "non-finite values, or the noise is far too small for this dtype"
     )

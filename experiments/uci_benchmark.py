@@ -63,7 +63,15 @@ def build_model(method: str, d: int, num_samples: int, components: int, seed: in
 
 
 def run_cell(cell: tuple) -> dict:
-    """Fit one method on one split; return the CSV row (runs in a fresh process)."""
+    """Fit one method on one split; the CSV row, or {"error": ...} (runs in a fresh process)."""
+    try:
+        return _run_cell(cell)
+    except Exception as err:  # one failed cell must not stop the run; it is retried on re-run
+        dataset, split, method, _ = cell
+        return {"error": f"{dataset} split {split} {method}: {type(err).__name__}: {err}"}
+
+
+def _run_cell(cell: tuple) -> dict:
     dataset, split, method, cfg = cell
     import torch
 
@@ -133,6 +141,9 @@ def run(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     with ctx.Pool(args.workers, maxtasksperchild=1) as pool:
         for i, row in enumerate(pool.imap_unordered(run_cell, cells), 1):
+            if "error" in row:
+                print(f"[{i}/{len(cells)} {time.time() - start:7.0f}s] FAILED {row['error']}", flush=True)
+                continue
             append_row(args.csv, row)
             print(f"[{i}/{len(cells)} {time.time() - start:7.0f}s] {row['dataset']} split {row['split']} "
                   f"{row['method']}: RMSE {row['rmse']:.4g} ({row['train_seconds']:.1f}s)", flush=True)

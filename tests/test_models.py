@@ -284,11 +284,18 @@ def test_fit_rejects_bad_restart_settings():
         fit(feature_model(), x, y, restarts=2, restart_iter=0)
 
 
-def test_a_broken_factorisation_mid_training_keeps_the_last_good_state():
+@pytest.mark.parametrize("error, make", [
+    ("gpytorch", lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()),
+    ("woodbury", lambda: feature_model()),
+])
+def test_a_broken_factorisation_mid_training_keeps_the_last_good_state(error, make):
     from linear_operator.utils.errors import NotPSDError
 
+    from alacarte.woodbury import NotPositiveDefiniteError
+
+    failure = NotPSDError("simulated") if error == "gpytorch" else NotPositiveDefiniteError("simulated")
     x, y = toy_data(n=60)
-    model = ExactRBFGP(None, None, num_dims=3, ard=True).double()
+    model = make()
     real_step = torch.optim.LBFGS.step
     calls = []
 
@@ -298,7 +305,7 @@ def test_a_broken_factorisation_mid_training_keeps_the_last_good_state():
             for group in self.param_groups:  # the probe leaves parameters at a bad point
                 for p in group["params"]:
                     p.data.fill_(1e6)
-            raise NotPSDError("simulated")
+            raise failure
         return real_step(self, closure)
 
     with mock.patch.object(torch.optim.LBFGS, "step", failing_step):
