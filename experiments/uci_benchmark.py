@@ -116,7 +116,7 @@ def read_rows(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
+        return list(csv.DictReader(line for line in fh if not line.startswith("#")))
 
 
 def parse_splits(text: str) -> list[int]:
