@@ -67,6 +67,7 @@ class _GramAndProjection(torch.autograd.Function):
         return upper.triu() + upper.triu(1).transpose(0, 1), phi_r
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_gram: Tensor | None, grad_phi_r: Tensor | None):  # noqa: D102
         phi, r = ctx.saved_tensors
         grad_phi = grad_r = None
