@@ -218,10 +218,14 @@ class FeatureGP(_StandardizedGP):
         x = args[0]
         if x.dim() == 1:
             x = x.unsqueeze(-1)
+        posterior, phi, mean = self._posterior_mean(x)
+        return MultivariateNormal(mean, LowRankRootLinearOperator(posterior.whiten(phi)))
+
+    def _posterior_mean(self, x: Tensor) -> tuple[WoodburyPosterior, Tensor, Tensor]:
+        """The posterior, the test features φ* and the predictive mean μ + φ*ᵀA⁻¹Φᵀr."""
         posterior = self.posterior()
         phi = self.covar_module.features(x)
-        mean = self.mean_module(x) + posterior.mean(phi)
-        return MultivariateNormal(mean, LowRankRootLinearOperator(posterior.whiten(phi)))
+        return posterior, phi, self.mean_module(x) + posterior.mean(phi)
 
     @torch.no_grad()
     def sample_functions(self, num_samples: int, seed: int | None = None) -> FunctionSamples:
@@ -261,9 +265,7 @@ class FeatureGP(_StandardizedGP):
         return max(1, _CHUNK_BYTES // (3 * self.covar_module.num_features * itemsize))
 
     def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
-        posterior = self.posterior()
-        phi = self.covar_module.features(x)
-        mean = self.mean_module(x) + posterior.mean(phi)
+        posterior, phi, mean = self._posterior_mean(x)
         return mean, None if mean_only else posterior.latent_variance(phi)
 
 

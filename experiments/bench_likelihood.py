@@ -16,7 +16,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import platform
 import statistics
@@ -24,21 +23,10 @@ import sys
 import time
 
 import gpytorch
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood  # noqa: E402
-
-
-def load_split(data_dir: str, name: str, split: int):
-    folder = os.path.join(data_dir, name)
-    with gzip.open(os.path.join(folder, "data.csv.gz")) as fh:
-        data = np.loadtxt(fh, delimiter=",")
-    with gzip.open(os.path.join(folder, "test_mask.csv.gz")) as fh:
-        test = np.loadtxt(fh, delimiter=",")[:, split].astype(bool)
-    x, y = data[:, :-1], data[:, -1]
-    return x[~test], y[~test]
+from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood, load_uci  # noqa: E402
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -82,7 +70,8 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_default_dtype(torch.float64)
-    x_np, y_np = load_split(args.data, "kin40k", 0)
+    split = load_uci("kin40k", 0, args.data)
+    x_np, y_np = split.x_train, split.y_train
     x = torch.as_tensor((x_np - x_np.mean(0)) / x_np.std(0))
     y = torch.as_tensor((y_np - y_np.mean()) / y_np.std())
     n, d = x.shape
