@@ -38,3 +38,14 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     report = subprocess.run([sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "report", "--csv",
                              str(whole)], check=True, capture_output=True, text=True, timeout=60).stdout
     assert "| yacht |" in report and "0.13 ± 0.06" in report  # the paper's FSARD value beside ours
+    assert "**datasets won** (ours)" in report and "within 10% on" in report
+
+
+def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path):
+    path, one_cell = tmp_path / "budget.csv", ["--datasets", "servo", "--methods", "exact-ard"]
+    out = run(path, *one_cell, "--time-budget", "0.5")  # not even the imports fit in half a second
+    assert "0 cells done, 1 to run" in out
+    with open(path, newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert row["status"] == "timeout" and row["rmse"] == ""
+    assert "1 cells done, 0 to run" in run(path, *one_cell)
