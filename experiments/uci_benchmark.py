@@ -34,34 +34,6 @@ PAPER_COLUMNS = {"exact-rbf": "RBF", "exact-ard": "ARD", "fsard": "FSARD", "gm":
                  "fsgbard": "FSGBARD", "ssgpr": "SSGPR"}
 
 
-def build_model(method: str, d: int, num_samples: int, components: int, seed: int):
-    import alacarte as ac
-
-    def feature(kernel):
-        return ac.FeatureGP(None, None, kernel)
-
-    if method == "exact-rbf":
-        return ac.ExactRBFGP(None, None, num_dims=d, ard=False)
-    if method == "exact-ard":
-        return ac.ExactRBFGP(None, None, num_dims=d, ard=True)
-    if method == "fastfood-ard":
-        return feature(ac.FastfoodRBFKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    if method == "fsard":
-        return feature(ac.FSARDKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    if method == "fsgbard":
-        return feature(ac.FSGBARDKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    if method == "gm":
-        return feature(ac.SpectralMixtureFastfoodKernel(d, num_samples, num_components=components, seed=seed))
-    if method == "pwl":
-        return feature(ac.PiecewiseLinearRadialKernel(d, num_samples, num_components=components,
-                                                      ard_num_dims=d, seed=seed))
-    if method == "ssgpr":
-        return feature(ac.SSGPRKernel(d, num_samples, seed=seed))
-    if method == "rks":
-        return feature(ac.RandomFourierKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-
-
 def run_cell(cell: tuple) -> dict:
     """Fit one method on one split; the CSV row, or {"error": ...} (runs in a fresh process)."""
     try:
@@ -76,12 +48,13 @@ def _run_cell(cell: tuple) -> dict:
     import torch
 
     import alacarte as ac
+    from alacarte.factory import make_model
 
     torch.set_num_threads(cfg["threads"])
     torch.set_default_dtype(torch.float64)
     data = ac.load_uci(dataset, split, cfg["data"])
     d = data.x_train.shape[1]
-    model = build_model(method, d, cfg["num_samples"], cfg["components"], seed=split)
+    model = make_model(method, d, num_samples=cfg["num_samples"], num_components=cfg["components"], seed=split)
     history = ac.fit(model, data.x_train, data.y_train, max_iter=cfg["max_iter"], restarts=cfg["restarts"],
                      restart_iter=cfg["restart_iter"], seed=split, progress=False)
     pred = model.predict(data.x_test)
