@@ -90,7 +90,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
     what :class:`sklearn.gaussian_process.GaussianProcessRegressor` returns when
     the noise is modelled by a ``WhiteKernel``, and what the noise-learning GP
     here calls the predictive distribution; ``include_noise=False`` gives that of
-    the latent function :math:`f_*`.  :meth:`sample_y` draws latent functions.
+    the latent function :math:`f_*`.  :meth:`sample_y` draws latent functions;
+    ``score(X, y)`` is the coefficient of determination R² of the mean.
 
     Check-estimator exceptions: none — every check of
     :func:`sklearn.utils.estimator_checks.check_estimator` passes.
