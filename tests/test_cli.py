@@ -79,7 +79,7 @@ def test_predict_prints_mean_and_std_columns_exactly(fitted, capsys):
 def test_predict_to_a_file_in_a_fresh_process_is_bit_identical(fitted):
     tmp, model, new, x_new, _ = fitted
     out = tmp / "pred.csv"
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "alacarte.cli", "predict", model, new, "--out", str(out), "-q"],
                           capture_output=True, text=True, env=env, cwd=tmp)
     assert proc.returncode == 0, proc.stderr

@@ -124,7 +124,8 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_intact(tmp_path):
         os.fsync = stall
         save_model(model, {str(path)!r})
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         assert proc.stdout.readline().strip() == "writing"
     finally:

@@ -82,7 +82,7 @@ def test_log_marginal_likelihood_matches_a_dense_gaussian(name):
             phi = model.covar_module.features(x_std).numpy()
             k = phi @ phi.T
     noise = float(model.likelihood.noise.detach())
-    mean = offset + scale * float(model.mean_module.constant)
+    mean = offset + scale * float(model.mean_module.constant.detach())
     expected = stats.multivariate_normal(np.full(len(y), mean), scale**2 * (k + noise * np.eye(len(y)))).logpdf(y)
     assert reg.log_marginal_likelihood_ == pytest.approx(expected, rel=1e-9, abs=1e-7)
 
@@ -110,8 +110,8 @@ def test_predictive_covariance_matches_a_dense_posterior(name):
     a = k_xx + float(model.likelihood.noise.detach()) * np.eye(len(y))
     dense = k_tt - k_tx @ np.linalg.solve(a, k_tx.T)
     assert np.allclose(cov_f, scale2 * dense, rtol=1e-7, atol=1e-9)
-    r = (y - float(model.target_offset)) / float(model.target_scale) - float(model.mean_module.constant)
-    dense_mean = float(model.mean_module.constant) + k_tx @ np.linalg.solve(a, r)
+    r = (y - float(model.target_offset)) / float(model.target_scale) - float(model.mean_module.constant.detach())
+    dense_mean = float(model.mean_module.constant.detach()) + k_tx @ np.linalg.solve(a, r)
     assert np.allclose(mean, dense_mean * float(model.target_scale) + float(model.target_offset), rtol=1e-8)
     with pytest.raises(RuntimeError, match="At most one"):
         reg.predict(x_test, return_std=True, return_cov=True)
