@@ -15,6 +15,8 @@ pickled code runs on load).  A file from another format version, a truncated
 or damaged file, or a file that is not an alacarte model gives a
 ``ValueError`` that says which.
 
+Files hold CPU tensors; a loaded model is on the CPU (move it with ``.to(device)``).
+
 Writes go to a temporary file in the target's directory, are flushed and
 fsync'ed, and replace the target with one ``os.replace``: a crash mid-write
 leaves the previous file as it was.
@@ -143,6 +145,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     raise ValueError(f"saved models support float32 and float64, got {dtype}")
 
 
+def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached CPU copies: files do not depend on the device the model was on."""
+    return {k: v.detach().cpu().clone() for k, v in tensors.items()}
+
+
 def _model_record(model: Model) -> dict[str, Any]:
     if not isinstance(model, (FeatureGP, ExactRBFGP)):
         raise ValueError(f"save_model takes a FeatureGP, an ExactRBFGP or an AlaCarteRegressor, got {type(model).__name__}")
@@ -153,18 +160,17 @@ def _model_record(model: Model) -> dict[str, Any]:
     else:
         record["class"] = "ExactRBFGP"
         record["ard"] = model.covar_module.base_kernel.ard_num_dims is not None
-    record["state_dict"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    record["state_dict"] = _cpu(model.state_dict())
     if model.train_inputs is not None:
-        record["train_inputs"] = model.train_inputs[0].detach().clone()
-        record["train_targets"] = model.train_targets.detach().clone()
+        record.update(_cpu({"train_inputs": model.train_inputs[0], "train_targets": model.train_targets}))
         if isinstance(model, FeatureGP):
             # The factor itself is stored, so that predictions after loading do not
             # depend on re-running the O(nD²) factorisation bit for bit.
             was_training = model.training
             model.eval()
             posterior = model.posterior()
-            record["posterior"] = {"cholesky": posterior.cholesky, "weights": posterior.weights,
-                                   "noise": posterior.noise}
+            record["posterior"] = _cpu({"cholesky": posterior.cholesky, "weights": posterior.weights,
+                                        "noise": posterior.noise})
             model.train(was_training)
     return record
 
@@ -210,7 +216,7 @@ def _floating_dtype(module: torch.nn.Module) -> torch.dtype:
 
 def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
     record = {"object": _kernel_record(kernel), "dtype": _dtype_name(_floating_dtype(kernel)),
-              "state_dict": {k: v.detach().clone() for k, v in kernel.state_dict().items()}}
+              "state_dict": _cpu(kernel.state_dict())}
     try:
         rebuilt = _build_kernel_object(record)
     except (RuntimeError, TypeError, ValueError) as err:
