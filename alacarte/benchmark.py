@@ -37,6 +37,7 @@ __all__ = ["METHODS", "main", "run", "report"]
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
           "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version"]
 METHODS = ("exact-rbf", "exact-ard", "fastfood-rbf", "fastfood-ard", "fsard", "fsgbard", "gm", "pwl", "ssgpr", "rks")
+# (the names of alacarte.factory.KERNEL_NAMES, in the order of the report's columns)
 ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
 PAPER_COLUMNS = {"exact-rbf": "RBF", "exact-ard": "ARD", "fsard": "FSARD", "gm": "GM", "pwl": "PWL",
                  "fsgbard": "FSGBARD", "ssgpr": "SSGPR"}
@@ -63,36 +64,6 @@ def model_name(method: str, n_train: int) -> str:
     return method
 
 
-def build_model(method: str, d: int, num_samples: int, components: int, seed: int):
-    import alacarte as ac
-
-    def feature(kernel):
-        return ac.FeatureGP(None, None, kernel)
-
-    if method == "exact-rbf":
-        return ac.ExactRBFGP(None, None, num_dims=d, ard=False)
-    if method == "exact-ard":
-        return ac.ExactRBFGP(None, None, num_dims=d, ard=True)
-    if method == "fastfood-rbf":
-        return feature(ac.FastfoodRBFKernel(d, num_samples, seed=seed))
-    if method == "fastfood-ard":
-        return feature(ac.FastfoodRBFKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    if method == "fsard":
-        return feature(ac.FSARDKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    if method == "fsgbard":
-        return feature(ac.FSGBARDKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    if method == "gm":
-        return feature(ac.SpectralMixtureFastfoodKernel(d, num_samples, num_components=components, seed=seed))
-    if method == "pwl":
-        return feature(ac.PiecewiseLinearRadialKernel(d, num_samples, num_components=components,
-                                                      ard_num_dims=d, seed=seed))
-    if method == "ssgpr":
-        return feature(ac.SSGPRKernel(d, num_samples, seed=seed))
-    if method == "rks":
-        return feature(ac.RandomFourierKernel(d, num_samples, ard_num_dims=d, seed=seed))
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
-
-
 # -- running ------------------------------------------------------------------------------
 def _cell_process(index: int, cell: tuple, results) -> None:
     """Fit one method on one split in a fresh process; put (index, row or error) on ``results``."""
@@ -108,6 +79,7 @@ def _run_cell(cell: tuple) -> dict:
     import torch
 
     import alacarte as ac
+    from alacarte.factory import make_model
 
     torch.set_num_threads(cfg["threads"])
     torch.set_default_dtype(torch.float64)
@@ -115,7 +87,7 @@ def _run_cell(cell: tuple) -> dict:
     n_train, d = data.x_train.shape
     model_kind = model_name(method, n_train)
     components = mixture_components(cfg["components"], n_train)
-    model = build_model(model_kind, d, cfg["num_samples"], components, seed=split)
+    model = make_model(model_kind, d, num_samples=cfg["num_samples"], num_components=components, seed=split)
     history = ac.fit(model, data.x_train, data.y_train, max_iter=cfg["max_iter"], restarts=cfg["restarts"],
                      restart_iter=cfg["restart_iter"], seed=split, progress=False)
     pred = model.predict(data.x_test)

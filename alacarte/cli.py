@@ -1,23 +1,47 @@
 """The ``alacarte`` command line.
 
-``alacarte demo`` — the main job on an embedded default: an FSARD feature GP
-and an exact ARD GP fitted on the SE1 problem (MATH.md §8), compared on test
-RMSE, NLPD and training time.
+* ``alacarte demo`` — the main job on an embedded default: an FSARD feature GP
+  and an exact ARD GP fitted on the SE1 problem (MATH.md §8), compared on test
+  RMSE, NLPD and training time.
+* ``alacarte fit DATA.csv --target y --kernel gm --out model.alacarte`` — fit an
+  :class:`~alacarte.AlaCarteRegressor` on a CSV file (header row, numeric cells)
+  and save it (:mod:`alacarte.io`).
+* ``alacarte predict model.alacarte NEW.csv`` — predictive mean and standard
+  deviation for every row, as CSV on stdout or ``--out``.
+* ``alacarte plot model.alacarte`` — a PNG of the learned spectrum and the input
+  relevances (:mod:`alacarte.plotting`).
+* ``alacarte bench run|report ...`` — the resumable UCI benchmark and its report
+  beside the paper's Table 1 (:mod:`alacarte.benchmark`).
+
+Every command but ``bench`` (whose CSV is its machine-readable output) takes ``-q`` (no progress bars) and ``--json`` (machine-readable
+output).  Errors — a missing file, a bad CSV, an unreadable model — end with
+exit status 2 and one line ``alacarte: error: ...`` on stderr.  A new command is
+one ``_add_<name>(commands, common)`` function listed in :data:`COMMANDS`.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import sys
 import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .datasets import make_se1
+from .factory import KERNEL_NAMES
 from .kernels import FSARDKernel
 from .models import ExactRBFGP, FeatureGP
 from .training import fit
+
+# Rows per block when predicting a CSV file (one progress-bar step each).
+_PREDICT_BLOCK = 20_000
 
 
 def _nlpd(pred, y: torch.Tensor) -> float:
@@ -67,18 +91,220 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="alacarte", description="À la carte Gaussian-process kernels.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="FSARD feature GP vs exact ARD GP on the SE1 problem")
+def read_table(path: str | Path) -> tuple[list[str], np.ndarray]:
+    """Column names and an (n, k) float64 array from a CSV file with a header row.
+
+    Every cell must be a finite number; the first offending cell is named in
+    the ``ValueError`` (line and column).
+    """
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as fh:
+            header = next(csv.reader(fh), None)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot be read as a text CSV file ({err})") from None
+    if not header or not any(name.strip() for name in header):
+        raise ValueError(f"{path} is empty: it needs a header row and at least one data row")
+    names = [name.strip() for name in header]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated or "" in names:
+        raise ValueError(f"{path}: column names must be unique and non-empty, got {names}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": reported below
+            values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64, quotechar='"',
+                                encoding="utf-8-sig")
+    except ValueError:
+        values = None  # locate the offending cell for the message below
+    if values is not None and values.size == 0:
+        raise ValueError(f"{path} has a header but no data rows")
+    if values is None or values.shape[1:] != (len(names),) or not np.isfinite(values).all():
+        _raise_first_bad_cell(path, names)
+    return names, values
+
+
+def _raise_first_bad_cell(path: Path, names: list[str]) -> None:
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        rows = csv.reader(fh)
+        next(rows)
+        for row in rows:
+            line = rows.line_num
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) != len(names):
+                raise ValueError(f"{path} line {line}: {len(row)} fields, but the header has {len(names)}")
+            for name, cell in zip(names, row):
+                text = cell.strip()
+                where = f"{path} line {line}, column {name!r}"
+                if not text:
+                    raise ValueError(f"{where}: empty cell (missing values are not supported)")
+                try:
+                    number = float(text)
+                except ValueError:
+                    raise ValueError(f"{where}: {text!r} is not a number") from None
+                if not math.isfinite(number):
+                    raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
+    raise ValueError(f"{path} cannot be parsed as a numeric CSV file")
+
+
+def _emit(args: argparse.Namespace, result: dict, text: str) -> None:
+    print(json.dumps(result) if args.json else text)
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from .io import save_model
+    from .regressor import AlaCarteRegressor
+
+    names, table = read_table(args.data)
+    if args.target not in names:
+        raise ValueError(f"{args.data} has no target column {args.target!r} (columns: {', '.join(names)})")
+    columns = [n for n in names if n != args.target]
+    if not columns:
+        raise ValueError(f"{args.data} has no input columns besides the target {args.target!r}")
+    x, y = table[:, [names.index(c) for c in columns]], table[:, names.index(args.target)]
+    reg = AlaCarteRegressor(
+        args.kernel, num_samples=args.num_samples, num_components=args.num_components, max_iter=args.max_iter,
+        restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed, progress=not args.quiet,
+    )
+    start = time.perf_counter()
+    reg.fit(x, y)
+    seconds = time.perf_counter() - start
+    out = Path(args.out) if args.out else Path(args.data).with_suffix(".alacarte")
+    save_model(reg, out, metadata={"columns": columns, "target": args.target, "data": str(args.data),
+                                   "rows": int(len(y))})
+    rmse = float(np.sqrt(np.mean((reg.predict(x) - y) ** 2)))
+    try:
+        relevance = dict(zip(columns, reg.relevance_.tolist()))
+    except ValueError:  # a kernel without a notion of relevance
+        relevance = None
+    result = {"model": str(out), "kernel": args.kernel, "rows": int(len(y)), "inputs": columns,
+              "target": args.target, "log_marginal_likelihood": reg.log_marginal_likelihood_,
+              "train_rmse": rmse, "iterations": reg.n_iter_, "seconds": seconds, "relevance": relevance}
+    text = (f"fitted {args.kernel} on {len(y)} rows × {len(columns)} inputs in {seconds:.1f} s: "
+            f"log marginal likelihood {reg.log_marginal_likelihood_:.6g}, training RMSE {rmse:.4g}\nsaved {out}")
+    _emit(args, result, text)
+    return 0
+
+
+def _load_regressor(path: str):
+    from .io import load_with_metadata
+    from .regressor import AlaCarteRegressor
+
+    try:
+        reg, metadata = load_with_metadata(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    if not isinstance(reg, AlaCarteRegressor) or not hasattr(reg, "model_") or "columns" not in metadata:
+        raise ValueError(f"{path} is not a model written by `alacarte fit`")
+    return reg, metadata
+
+
+def _predict(args: argparse.Namespace) -> int:
+    reg, metadata = _load_regressor(args.model)
+    names, table = read_table(args.data)
+    missing = [c for c in metadata["columns"] if c not in names]
+    if missing:
+        raise ValueError(f"{args.data} lacks the input column(s) {', '.join(map(repr, missing))} the model was fitted on")
+    x = table[:, [names.index(c) for c in metadata["columns"]]]
+    means, stds = [], []
+    for start in tqdm(range(0, len(x), _PREDICT_BLOCK), disable=args.quiet, desc="predict", leave=False):
+        mean, std = reg.predict(x[start:start + _PREDICT_BLOCK], return_std=True, include_noise=not args.latent)
+        means.append(mean)
+        stds.append(std)
+    mean, std = np.concatenate(means), np.concatenate(stds)
+    if args.json:
+        text = json.dumps({"mean": mean.tolist(), "std": std.tolist(), "std_of": "f" if args.latent else "y"}) + "\n"
+    else:  # 17 significant digits: the CSV holds the float64 values exactly
+        text = "mean,std\n" + "".join(f"{m:.17g},{s:.17g}\n" for m, s in zip(mean, std))
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .plotting import save_kernel_figure
+
+    reg, metadata = _load_regressor(args.model)
+    kernel = reg.model_.covar_module
+    out = Path(args.out) if args.out else Path(args.model).with_suffix(".png")
+    title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata['target']}"
+    save_kernel_figure(kernel, out, title=title, names=metadata["columns"])
+    _emit(args, {"figure": str(out)}, f"saved {out}")
+    return 0
+
+
+def _add_demo(commands, common) -> None:
+    demo = commands.add_parser("demo", parents=[common], help="FSARD feature GP vs exact ARD GP on the SE1 problem")
     demo.add_argument("--n", type=int, default=2000, help="training points (default 2000)")
     demo.add_argument("--n-test", type=int, default=1000, help="test points (default 1000)")
     demo.add_argument("--num-samples", type=int, default=256, help="frequencies M of the FSARD kernel")
     demo.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per model")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    demo.add_argument("--json", action="store_true", help="print the results as JSON")
     demo.set_defaults(run=_demo)
+
+
+def _add_fit(commands, common) -> None:
+    cmd = commands.add_parser("fit", parents=[common], help="fit a GP to a CSV file and save it",
+                              description="Fit an AlaCarteRegressor to DATA.csv (a header row, numeric cells) "
+                                          "and save it as one model file.")
+    cmd.add_argument("data", help="CSV file with a header row")
+    cmd.add_argument("--target", required=True, help="name of the column to predict; all others are inputs")
+    cmd.add_argument("--kernel", default="gm", choices=KERNEL_NAMES, help="kernel (default gm)")
+    cmd.add_argument("--out", help="model file to write (default: DATA with suffix .alacarte)")
+    cmd.add_argument("--num-samples", type=int, default=256, help="frequencies M (D = 2M features; default 256)")
+    cmd.add_argument("--num-components", type=int, default=4, help="mixture components of gm/pwl (default 4)")
+    cmd.add_argument("--max-iter", type=int, default=100, help="iterations of the final optimisation")
+    cmd.add_argument("--restarts", type=int, default=5, help="random initialisations tried first")
+    cmd.add_argument("--restart-iter", type=int, default=15, help="iterations per restart")
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.set_defaults(run=_fit)
+
+
+def _add_predict(commands, common) -> None:
+    cmd = commands.add_parser("predict", parents=[common], help="predict with a saved model",
+                              description="Predictive mean and standard deviation for every row of NEW.csv "
+                                          "(which needs the model's input columns, in any order).")
+    cmd.add_argument("model", help="model file written by `alacarte fit`")
+    cmd.add_argument("data", help="CSV file with the model's input columns")
+    cmd.add_argument("--out", help="write the predictions here instead of stdout")
+    cmd.add_argument("--latent", action="store_true",
+                     help="std of the latent function f instead of a new observation y (= f + noise)")
+    cmd.set_defaults(run=_predict)
+
+
+def _add_plot(commands, common) -> None:
+    cmd = commands.add_parser("plot", parents=[common], help="draw a saved model's spectrum and relevances")
+    cmd.add_argument("model", help="model file written by `alacarte fit`")
+    cmd.add_argument("--out", help="PNG file to write (default: MODEL with suffix .png)")
+    cmd.set_defaults(run=_plot)
+
+
+#: The subcommands, in the order ``alacarte --help`` lists them.
+def _add_bench(commands, common) -> None:
+    from .benchmark import add_arguments
+
+    cmd = commands.add_parser("bench", help="UCI benchmark: resumable runs and a report beside the paper's Table 1",
+                              description="Methods × UCI datasets × splits, one CSV row per cell; re-running "
+                                          "resumes. 'report' writes the markdown table.")
+    add_arguments(cmd)
+    cmd.set_defaults(run=lambda args: args.bench(args))
+
+
+COMMANDS: list[Callable] = [_add_demo, _add_fit, _add_predict, _add_plot, _add_bench]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="alacarte", description="À la carte Gaussian-process kernels.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    common.add_argument("--json", action="store_true", help="print the results as JSON")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(commands, common)
     return parser
 
 
@@ -86,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except ValueError as err:
-        print(f"alacarte: error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:
+        message = " ".join(str(err).split())  # one line, whatever the exception text holds
+        print(f"alacarte: error: {message}", file=sys.stderr)
         return 2
 
 

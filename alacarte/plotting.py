@@ -63,8 +63,8 @@ def relevance(kernel: FeatureKernel) -> np.ndarray:
     return raw / raw.sum()
 
 
-def plot_spectrum(kernel: FeatureKernel, ax=None):
-    """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM)."""
+def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None):
+    """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM, titled ``names``)."""
     plt = _pyplot()
     if len(kernel.batch_shape):
         raise ValueError("plot_spectrum supports kernels without batch_shape")
@@ -83,7 +83,7 @@ def plot_spectrum(kernel: FeatureKernel, ax=None):
                 for wq, m, s in zip(w, mu[:, j], sigma[:, j])
             )
             ax[j].plot(omega, dens)
-            ax[j].set_title(f"input {j}")
+            ax[j].set_title(names[j] if names is not None else f"input {j}")
             ax[j].set_xlabel("ω (rad / unit)")
         ax[0].set_ylabel("spectral density")
         return ax
@@ -123,15 +123,16 @@ def plot_relevance(kernel: FeatureKernel, ax=None, names: list[str] | None = Non
     return ax
 
 
-def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | None = None) -> Path:
-    """One PNG with the spectrum (top) and the relevances (bottom) of ``kernel``."""
+def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | None = None,
+                       names: list[str] | None = None) -> Path:
+    """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``."""
     plt = _pyplot()
     panels = min(kernel.num_dims, _MAX_PANELS) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
     fig = plt.figure(figsize=(max(6, 3 * panels), 6.2))
     grid = fig.add_gridspec(2, panels)
     spectrum_axes = [fig.add_subplot(grid[0, j]) for j in range(panels)]
-    plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0])
-    plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]))
+    plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0], names=names)
+    plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]), names=names)
     fig.suptitle(title or type(kernel).__name__)
     fig.tight_layout()
     path = Path(path)

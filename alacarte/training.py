@@ -17,7 +17,7 @@ from ._validation import check_positive_int
 from .init import initialize
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
-from .woodbury import NotPositiveDefiniteError
+from .woodbury import NotPositiveDefiniteError, collect_jitter
 
 __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
 
@@ -184,7 +184,7 @@ def fit(
     history = FitHistory(optimizer=optimizer)
     start = time.perf_counter()
     total = max_iter + restarts * restart_iter
-    with tqdm(total=total, disable=not progress, desc="fit", leave=False) as bar:
+    with tqdm(total=total, disable=not progress, desc="fit", leave=False) as bar, collect_jitter() as jitters:
         if restarts:
             rng = np.random.default_rng(seed)
             initial = copy.deepcopy(model.state_dict())
@@ -206,5 +206,13 @@ def fit(
             model.load_state_dict(best_state)
         history.loss, history.converged = _optimize(model, x, y, optimizer, max_iter, lr, tolerance, bar)
     history.seconds = time.perf_counter() - start
+    if jitters:  # one warning per fit, not one per iteration
+        warnings.warn(
+            f"A = ΦᵀΦ + σ²I was not numerically positive definite in {len(jitters)} factorisations during "
+            f"training; jitter up to {max(jitters):.1e}×mean(diag A) was added to its diagonal. "
+            "Consider a larger noise lower bound or float64.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     model.eval()
     return history

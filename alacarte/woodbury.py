@@ -12,8 +12,11 @@ so they can be accumulated over chunks or processes.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +29,7 @@ __all__ = [
     "sufficient_statistics",
     "negative_log_marginal_likelihood",
     "cholesky_with_jitter",
+    "collect_jitter",
     "WoodburyPosterior",
 ]
 
@@ -127,12 +131,30 @@ class NotPositiveDefiniteError(ValueError):
     """A = ΦᵀΦ + σ²I could not be factorised even with jitter."""
 
 
+# While a list is set here, cholesky_with_jitter records the relative jitter it adds
+# instead of warning, so that a training loop can warn once rather than per iteration.
+_jitter_record: ContextVar[list[float] | None] = ContextVar("alacarte_jitter_record", default=None)
+
+
+@contextlib.contextmanager
+def collect_jitter() -> Iterator[list[float]]:
+    """Within the block, :func:`cholesky_with_jitter` appends each jitter it adds
+    (relative to mean(diag A)) to the yielded list instead of warning."""
+    record: list[float] = []
+    token = _jitter_record.set(record)
+    try:
+        yield record
+    finally:
+        _jitter_record.reset(token)
+
+
 def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
     """Cholesky factor of a symmetric positive-definite matrix.
 
     If the factorisation fails (A is numerically singular, e.g. duplicated
     inputs with a tiny noise in float32), jitter ``c·mean(diag A)`` is added,
-    with c growing tenfold from the dtype's epsilon, and a warning says how much.
+    with c growing tenfold from the dtype's epsilon, and a warning says how much
+    (inside :func:`collect_jitter` the amount is recorded instead).
     """
     factor, info = torch.linalg.cholesky_ex(a)
     if not bool((info != 0).any()):
@@ -143,13 +165,17 @@ def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
     for _ in range(max_tries):
         factor, info = torch.linalg.cholesky_ex(a + (jitter * scale).unsqueeze(-1) * eye)
         if not bool((info != 0).any()):
-            warnings.warn(
-                f"A = ΦᵀΦ + σ²I was not numerically positive definite; added jitter "
-                f"{jitter:.1e}×mean(diag A) (≈{float(jitter * scale.max()):.3g}) to its diagonal. "
-                "Consider a larger noise lower bound or float64.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            record = _jitter_record.get()
+            if record is not None:
+                record.append(jitter)
+            else:
+                warnings.warn(
+                    f"A = ΦᵀΦ + σ²I was not numerically positive definite; added jitter "
+                    f"{jitter:.1e}×mean(diag A) (≈{float(jitter * scale.max()):.3g}) to its diagonal. "
+                    "Consider a larger noise lower bound or float64.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
             return factor
         jitter *= 10
     raise NotPositiveDefiniteError(
@@ -191,6 +217,13 @@ class WoodburyPosterior:
         self.noise = torch.as_tensor(noise, dtype=stats.gram.dtype, device=stats.gram.device)
         self.cholesky = cholesky_with_jitter(_shifted(stats, self.noise))
         self.weights = torch.cholesky_solve(stats.phi_r.unsqueeze(-1), self.cholesky).squeeze(-1)
+
+    @classmethod
+    def from_factor(cls, cholesky: Tensor, weights: Tensor, noise: Tensor) -> "WoodburyPosterior":
+        """The posterior from a stored factor L, mean weights and σ² (as saved models keep it)."""
+        posterior = cls.__new__(cls)
+        posterior.cholesky, posterior.weights, posterior.noise = cholesky, weights, noise
+        return posterior
 
     def whiten(self, phi_star: Tensor) -> Tensor:
         """σ L⁻¹φ* for every row: (..., m, D) → (..., m, D); ‖row‖² is var f*."""

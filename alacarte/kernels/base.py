@@ -95,11 +95,11 @@ class FeatureKernel(Kernel):
         raise NotImplementedError
 
     def feature_scale(self) -> Tensor:
-        """Weight of each cos/sin pair, broadcastable to (*batch, 1, M)."""
+        """Weight of each cos/sin pair, broadcastable to ``(*batch, 1, M)``."""
         return (self.outputscale / self.num_samples).sqrt().view(*self.batch_shape, 1, 1)
 
     def prior_variance(self) -> Tensor:
-        """k(x, x) = ‖φ(x)‖², identical for every x; shape (*batch,)."""
+        """k(x, x) = ‖φ(x)‖², identical for every x; shape ``(*batch,)``."""
         return self.outputscale
 
     def features(self, x: Tensor) -> Tensor:

@@ -97,7 +97,7 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
         return self.modes * self.width_ratios
 
     def radii(self) -> Tensor:
-        """Quantile radii of every hat, shape (*batch, C, M_c)."""
+        """Quantile radii of every hat, shape ``(*batch, C, M_c)``."""
         return hat_quantiles(self.modes, self.half_widths, self.samples_per_component)
 
     def projection(self, x: Tensor) -> Tensor:

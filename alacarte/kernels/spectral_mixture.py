@@ -87,7 +87,7 @@ class SpectralMixtureFastfoodKernel(FastfoodMixtureKernel):
         )
 
     def frequencies(self) -> Tensor:
-        """All M frequency vectors ω (component-major), shape (*batch, M, d)."""
+        """All M frequency vectors ω (component-major), shape ``(*batch, M, d)``."""
         eps = fastfood_matrix(self.sign, self.perm, self.gauss, self.radius, self.num_dims)  # (*b, Q, Mq, d)
         omega = eps * self.scales.unsqueeze(-2) + self.means.unsqueeze(-2)
         return omega.reshape(*self.batch_shape, self.num_samples, self.num_dims)

@@ -1,0 +1,129 @@
+"""One place that turns a kernel name (or a kernel object) into a model.
+
+Used by :class:`~alacarte.AlaCarteRegressor`, the command line and the
+benchmarks, so that ``"gm"`` means the same model everywhere.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from .kernels import (
+    FastfoodRBFKernel,
+    FeatureKernel,
+    FSARDKernel,
+    FSGBARDKernel,
+    PiecewiseLinearRadialKernel,
+    RandomFourierKernel,
+    SpectralMixtureFastfoodKernel,
+    SSGPRKernel,
+)
+from ._validation import check_positive_int
+from .models import ExactRBFGP, FeatureGP
+
+__all__ = ["KERNEL_NAMES", "make_model", "default_dtype"]
+
+#: Kernel names understood by :func:`make_model`, the estimator and the command line.
+KERNEL_NAMES = (
+    "gm",
+    "pwl",
+    "fsard",
+    "fsgbard",
+    "fastfood-ard",
+    "fastfood-rbf",
+    "ssgpr",
+    "rks",
+    "exact-ard",
+    "exact-rbf",
+)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily set torch's default dtype, so that kernels draw their state in it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _feature_kernel(name: str, d: int, num_samples: int, num_components: int, seed: int) -> FeatureKernel:
+    if name == "gm":
+        return SpectralMixtureFastfoodKernel(d, num_samples, num_components=num_components, seed=seed)
+    if name == "pwl":
+        return PiecewiseLinearRadialKernel(d, num_samples, num_components=num_components, ard_num_dims=d, seed=seed)
+    if name == "fsard":
+        return FSARDKernel(d, num_samples, ard_num_dims=d, seed=seed)
+    if name == "fsgbard":
+        return FSGBARDKernel(d, num_samples, ard_num_dims=d, seed=seed)
+    if name == "fastfood-ard":
+        return FastfoodRBFKernel(d, num_samples, ard_num_dims=d, seed=seed)
+    if name == "fastfood-rbf":
+        return FastfoodRBFKernel(d, num_samples, seed=seed)
+    if name == "ssgpr":
+        return SSGPRKernel(d, num_samples, seed=seed)
+    if name == "rks":
+        return RandomFourierKernel(d, num_samples, ard_num_dims=d, seed=seed)
+    raise ValueError(f"unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)} or pass a FeatureKernel")
+
+
+def make_model(
+    kernel: str | FeatureKernel,
+    num_dims: int,
+    *,
+    num_samples: int = 256,
+    num_components: int = 4,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> FeatureGP | ExactRBFGP:
+    """A fresh, untrained model for ``num_dims`` inputs.
+
+    ========================  ==============================================================
+    name                      model
+    ========================  ==============================================================
+    ``"gm"``                  :class:`~alacarte.SpectralMixtureFastfoodKernel`, Q = ``num_components``
+    ``"pwl"``                 :class:`~alacarte.PiecewiseLinearRadialKernel`, ARD, C = ``num_components``
+    ``"fsard"``               :class:`~alacarte.FSARDKernel`, ARD
+    ``"fsgbard"``             :class:`~alacarte.FSGBARDKernel`, ARD
+    ``"fastfood-ard"``        :class:`~alacarte.FastfoodRBFKernel`, ARD
+    ``"fastfood-rbf"``        :class:`~alacarte.FastfoodRBFKernel`, one lengthscale
+    ``"ssgpr"``               :class:`~alacarte.SSGPRKernel`
+    ``"rks"``                 :class:`~alacarte.RandomFourierKernel` (dense), ARD
+    ``"exact-ard"``           :class:`~alacarte.ExactRBFGP`, ARD (O(n³))
+    ``"exact-rbf"``           :class:`~alacarte.ExactRBFGP`, one lengthscale (O(n³))
+    ========================  ==============================================================
+
+    Feature models get ``num_samples`` frequencies (D = 2·``num_samples``
+    features) drawn from ``seed``.  A kernel object is used as it is (not
+    copied) and must have ``num_dims`` input dimensions.
+
+    Args:
+        kernel: a name above or an alacarte :class:`~alacarte.FeatureKernel`.
+        num_dims: input dimension d.
+        num_samples: frequencies M of a named feature kernel.
+        num_components: mixture components of ``"gm"`` and ``"pwl"`` (must divide ``num_samples``).
+        seed: seed of a named kernel's random state.
+        dtype: floating dtype of a named model's parameters and state.
+
+    Example:
+        >>> model = make_model("gm", num_dims=6, num_samples=128, seed=0)
+        >>> type(model.covar_module).__name__
+        'SpectralMixtureFastfoodKernel'
+    """
+    check_positive_int(num_dims, "num_dims")
+    if isinstance(kernel, FeatureKernel):
+        if kernel.num_dims != num_dims:
+            raise ValueError(f"the kernel was built for {kernel.num_dims} input dimensions, the data have {num_dims}")
+        return FeatureGP(None, None, kernel)
+    if not isinstance(kernel, str):
+        raise ValueError(f"kernel must be a name ({', '.join(KERNEL_NAMES)}) or a FeatureKernel, got {kernel!r}")
+    check_positive_int(num_samples, "num_samples")
+    check_positive_int(num_components, "num_components")
+    with default_dtype(dtype):
+        if kernel in ("exact-ard", "exact-rbf"):
+            return ExactRBFGP(None, None, num_dims=num_dims, ard=kernel == "exact-ard")
+        return FeatureGP(None, None, _feature_kernel(kernel, num_dims, num_samples, num_components, seed))

@@ -1,0 +1,398 @@
+"""Saved models: one file, written atomically, reloaded bit for bit.
+
+A model file holds everything a fitted model needs to predict — the kernel's
+class and constructor configuration, every parameter and buffer (random
+Fourier state, standardisation), the standardised training data and, for
+feature models, the factorised weight posterior — plus the package and format
+versions.  Layout::
+
+    b"ALACARTE-MODEL\\n"  |  u32 header length  |  JSON header  |  body
+
+The JSON header carries the format version, the alacarte and torch versions
+and the body's length and SHA-256; the body is a ``torch.save`` archive of
+tensors, numbers and strings only, read back with ``weights_only=True`` (no
+pickled code runs on load).  A file from another format version, a truncated
+or damaged file, or a file that is not an alacarte model gives a
+``ValueError`` that says which.
+
+Files hold CPU tensors; a loaded model is on the CPU (move it with ``.to(device)``).
+
+Writes go to a temporary file in the target's directory, are flushed and
+fsync'ed, and replace the target with one ``os.replace``: a crash mid-write
+leaves the previous file as it was.
+
+Example:
+    >>> from alacarte.io import save_model, load_model
+    >>> save_model(regressor, "yacht.alacarte")     # or a FeatureGP / ExactRBFGP
+    >>> same = load_model("yacht.alacarte")
+    >>> np.array_equal(same.predict(X), regressor.predict(X))
+    True
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import inspect
+import io
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gpytorch.constraints import Interval
+
+from .factory import default_dtype
+from .kernels import FeatureKernel
+from .models import ExactRBFGP, FeatureGP
+from .regressor import AlaCarteRegressor
+from .training import FitHistory
+from .woodbury import WoodburyPosterior
+
+__all__ = ["FORMAT_VERSION", "save_model", "load_model", "load_with_metadata"]
+
+MAGIC = b"ALACARTE-MODEL\n"
+#: Version of the file layout; a reader refuses files of any other version.
+FORMAT_VERSION = 1
+_MAX_HEADER_BYTES = 1 << 16
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_PLAIN = (bool, int, float, str)
+
+Model = FeatureGP | ExactRBFGP
+
+
+# -- kernels ---------------------------------------------------------------------------
+def _constructor_names(cls: type) -> list[str]:
+    """Keyword names accepted along the FeatureKernel part of ``cls``'s MRO."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if not (isinstance(klass, type) and issubclass(klass, FeatureKernel)) or "__init__" not in vars(klass):
+            continue
+        for name, param in inspect.signature(klass.__init__).parameters.items():
+            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and name != "self":
+                if not name.endswith(("_prior", "_constraint")) and name not in names:
+                    names.append(name)
+    return names
+
+
+def _kernel_config(kernel: FeatureKernel) -> dict[str, Any]:
+    """Constructor arguments that rebuild ``kernel``'s structure (its values come from the state dict)."""
+    config: dict[str, Any] = {}
+    for name in _constructor_names(type(kernel)):
+        value = getattr(kernel, name, None)
+        if isinstance(value, _PLAIN):
+            config[name] = value
+    if kernel.ard_num_dims is not None:
+        config["ard_num_dims"] = int(kernel.ard_num_dims)
+    if len(kernel.batch_shape):
+        config["batch_shape"] = list(kernel.batch_shape)
+    if kernel.active_dims is not None:
+        config["active_dims"] = kernel.active_dims.tolist()
+    return config
+
+
+def _kernel_class(name: str) -> type:
+    module_name, _, qualname = name.partition(":")
+    if not (module_name == "alacarte" or module_name.startswith("alacarte.")):
+        raise ValueError(f"the model file names kernel class {name!r}, which is not an alacarte kernel")
+    try:
+        cls = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"the model file names kernel class {name!r}, which this alacarte does not have") from err
+    if not (isinstance(cls, type) and issubclass(cls, FeatureKernel)):
+        raise ValueError(f"the model file names {name!r}, which is not a FeatureKernel")
+    return cls
+
+
+def _kernel_record(kernel: FeatureKernel) -> dict[str, Any]:
+    cls = type(kernel)
+    return {"class": f"{cls.__module__}:{cls.__qualname__}", "config": _kernel_config(kernel)}
+
+
+def _build_kernel(record: dict[str, Any]) -> FeatureKernel:
+    config = dict(record["config"])
+    if "batch_shape" in config:
+        config["batch_shape"] = torch.Size(config["batch_shape"])
+    if "active_dims" in config:
+        config["active_dims"] = torch.tensor(config["active_dims"])
+    num_dims, num_samples = config.pop("num_dims"), config.pop("num_samples")
+    return _kernel_class(record["class"])(num_dims, num_samples, **config)
+
+
+def _constraint_signature(module: torch.nn.Module) -> dict[str, str]:
+    """Type and transform of every constraint: what a state dict cannot carry."""
+    signature = {}
+    for name, sub in module.named_modules():
+        if isinstance(sub, Interval):
+            transform = sub._transform
+            label = type(transform).__name__ if isinstance(transform, torch.nn.Module) else getattr(
+                transform, "__qualname__", repr(transform))
+            signature[name] = f"{type(sub).__name__}/{label}"
+    return signature
+
+
+# -- models ----------------------------------------------------------------------------
+def _dtype_name(dtype: torch.dtype) -> str:
+    for name, value in _DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"saved models support float32 and float64, got {dtype}")
+
+
+def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached CPU copies: files do not depend on the device the model was on."""
+    return {k: v.detach().cpu().clone() for k, v in tensors.items()}
+
+
+def _model_record(model: Model) -> dict[str, Any]:
+    if not isinstance(model, (FeatureGP, ExactRBFGP)):
+        raise ValueError(f"save_model takes a FeatureGP, an ExactRBFGP or an AlaCarteRegressor, got {type(model).__name__}")
+    record: dict[str, Any] = {"dtype": _dtype_name(model.input_offset.dtype), "num_dims": model.num_dims}
+    if isinstance(model, FeatureGP):
+        record["class"] = "FeatureGP"
+        record["kernel"] = _kernel_record(model.covar_module)
+    else:
+        record["class"] = "ExactRBFGP"
+        record["ard"] = model.covar_module.base_kernel.ard_num_dims is not None
+    record["state_dict"] = _cpu(model.state_dict())
+    if model.train_inputs is not None:
+        record.update(_cpu({"train_inputs": model.train_inputs[0], "train_targets": model.train_targets}))
+        if isinstance(model, FeatureGP):
+            # The factor itself is stored, so that predictions after loading do not
+            # depend on re-running the O(nD²) factorisation bit for bit.
+            was_training = model.training
+            model.eval()
+            posterior = model.posterior()
+            record["posterior"] = _cpu({"cholesky": posterior.cholesky, "weights": posterior.weights,
+                                        "noise": posterior.noise})
+            model.train(was_training)
+    return record
+
+
+def _build_model(record: dict[str, Any]) -> Model:
+    dtype = _DTYPES[record["dtype"]]
+    with default_dtype(dtype):
+        if record["class"] == "FeatureGP":
+            model = FeatureGP(None, None, _build_kernel(record["kernel"]))
+        elif record["class"] == "ExactRBFGP":
+            model = ExactRBFGP(None, None, num_dims=record["num_dims"], ard=record["ard"])
+        else:
+            raise ValueError(f"the model file holds an unknown model class {record['class']!r}")
+    model.load_state_dict(record["state_dict"])
+    if "train_inputs" in record:
+        model.set_train_data(record["train_inputs"], record["train_targets"], strict=False)
+    model.eval()
+    if "posterior" in record:
+        model._posterior = WoodburyPosterior.from_factor(**record["posterior"])
+    return model
+
+
+def _check_rebuilds(model: Model, record: dict[str, Any]) -> None:
+    """Refuse to write a file that would not load back into the same model."""
+    try:
+        rebuilt = _build_model({k: v for k, v in record.items() if k != "posterior"})
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"this model cannot be saved faithfully ({type(err).__name__}: {err}); saved models support "
+            "alacarte kernels without priors"
+        ) from err
+    if _constraint_signature(rebuilt) != _constraint_signature(model):
+        raise ValueError(
+            "this model cannot be saved faithfully: a constraint of another type than its kernel's default "
+            f"(saved models rebuild {_constraint_signature(rebuilt)}, the model has {_constraint_signature(model)})"
+        )
+
+
+# -- estimators ------------------------------------------------------------------------
+def _floating_dtype(module: torch.nn.Module) -> torch.dtype:
+    return next(t.dtype for t in module.state_dict().values() if t.is_floating_point())
+
+
+def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
+    record = {"object": _kernel_record(kernel), "dtype": _dtype_name(_floating_dtype(kernel)),
+              "state_dict": _cpu(kernel.state_dict())}
+    try:
+        rebuilt = _build_kernel_object(record)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(f"the estimator's kernel cannot be saved faithfully ({type(err).__name__}: {err})") from err
+    if _constraint_signature(rebuilt) != _constraint_signature(kernel):
+        raise ValueError("the estimator's kernel cannot be saved faithfully: it has a non-default constraint type")
+    return record
+
+
+def _build_kernel_object(record: dict[str, Any]) -> FeatureKernel:
+    with default_dtype(_DTYPES[record["dtype"]]):
+        kernel = _build_kernel(record["object"])
+    kernel.load_state_dict(record["state_dict"])
+    return kernel
+
+
+def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
+    params = reg.get_params()
+    if isinstance(params["kernel"], FeatureKernel):
+        params["kernel"] = _kernel_object_record(params["kernel"])
+    state = params["random_state"]
+    # A RandomState object only matters for refitting; files hold plain values.
+    params["random_state"] = int(state) if isinstance(state, (int, np.integer)) else None
+    record: dict[str, Any] = {"params": params}
+    if hasattr(reg, "model_"):
+        model_record = _model_record(reg.model_)
+        _check_rebuilds(reg.model_, model_record)
+        record["fitted"] = {
+            "model": model_record,
+            "n_features_in_": int(reg.n_features_in_),
+            "n_iter_": int(reg.n_iter_),
+            "log_marginal_likelihood_": float(reg.log_marginal_likelihood_),
+            "history": {k: v for k, v in vars(reg.history_).items()},
+        }
+        if hasattr(reg, "feature_names_in_"):
+            record["fitted"]["feature_names_in_"] = [str(n) for n in reg.feature_names_in_]
+    return record
+
+
+def _build_regressor(record: dict[str, Any]) -> AlaCarteRegressor:
+    params = dict(record["params"])
+    if isinstance(params["kernel"], dict):
+        params["kernel"] = _build_kernel_object(params["kernel"])
+    reg = AlaCarteRegressor(**params)
+    fitted = record.get("fitted")
+    if fitted is not None:
+        reg.model_ = _build_model(fitted["model"])
+        reg.history_ = FitHistory(**fitted["history"])
+        reg.n_features_in_ = fitted["n_features_in_"]
+        reg.n_iter_ = fitted["n_iter_"]
+        reg.log_marginal_likelihood_ = fitted["log_marginal_likelihood_"]
+        if "feature_names_in_" in fitted:
+            reg.feature_names_in_ = np.asarray(fitted["feature_names_in_"], dtype=object)
+    return reg
+
+
+# -- files -----------------------------------------------------------------------------
+def _file_mode(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    directory = path.parent
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _file_mode(path))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every platform)
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os.PathLike,
+               *, metadata: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` (a fitted model or estimator) to ``path`` atomically.
+
+    Args:
+        model: a :class:`~alacarte.FeatureGP`, :class:`~alacarte.ExactRBFGP` or
+            :class:`~alacarte.AlaCarteRegressor`.
+        path: the file to (over)write.
+        metadata: JSON-serialisable extra information (e.g. column names),
+            returned by :func:`load_with_metadata`.
+
+    Raises:
+        ValueError: the model cannot be rebuilt from a file (a kernel with priors,
+            or with a constraint of another type than its default).
+    """
+    from . import __version__
+
+    if isinstance(model, AlaCarteRegressor):
+        kind, record = "AlaCarteRegressor", _regressor_record(model)
+    else:
+        kind, record = "model", _model_record(model)
+        _check_rebuilds(model, record)
+    buffer = io.BytesIO()
+    torch.save({"kind": kind, "record": record}, buffer)
+    body = buffer.getvalue()
+    header = json.dumps({
+        "format_version": FORMAT_VERSION,
+        "alacarte_version": __version__,
+        "torch_version": torch.__version__,
+        "kind": kind,
+        "metadata": metadata or {},
+        "body_bytes": len(body),
+        "body_sha256": hashlib.sha256(body).hexdigest(),
+    }).encode()
+    path = Path(path)
+    _atomic_write(path, MAGIC + struct.pack("<I", len(header)) + header + body)
+    return path
+
+
+def _read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    path = Path(path)
+    data = path.read_bytes()
+    if not data.startswith(MAGIC):
+        raise ValueError(f"{path} is not an alacarte model file (it does not start with the alacarte signature)")
+    start = len(MAGIC) + 4
+    if len(data) < start:
+        raise ValueError(f"{path} is truncated: it ends inside the file header")
+    (header_bytes,) = struct.unpack("<I", data[len(MAGIC):start])
+    if header_bytes > _MAX_HEADER_BYTES or len(data) < start + header_bytes:
+        raise ValueError(f"{path} is truncated or damaged: its header is incomplete")
+    try:
+        header = json.loads(data[start:start + header_bytes])
+        version = header["format_version"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is damaged: its header is not readable ({err})") from err
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has model-file format version {version} (written by alacarte "
+            f"{header.get('alacarte_version', '?')}); this alacarte reads format version {FORMAT_VERSION}"
+        )
+    body = data[start + header_bytes:]
+    if len(body) != header["body_bytes"]:
+        raise ValueError(f"{path} is truncated: {len(body)} of {header['body_bytes']} data bytes are present")
+    if hashlib.sha256(body).hexdigest() != header["body_sha256"]:
+        raise ValueError(f"{path} is damaged: its data do not match their SHA-256 checksum")
+    try:
+        payload = torch.load(io.BytesIO(body), weights_only=True)
+    except Exception as err:  # a checksummed body that torch cannot read: a foreign writer
+        raise ValueError(f"{path} is damaged: its data cannot be read ({err})") from err
+    return header, payload
+
+
+def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP | AlaCarteRegressor, dict[str, Any]]:
+    """:func:`load_model` plus the ``metadata`` given to :func:`save_model`."""
+    header, payload = _read(path)
+    if payload.get("kind") == "AlaCarteRegressor":
+        obj = _build_regressor(payload["record"])
+    else:
+        obj = _build_model(payload["record"])
+    return obj, header.get("metadata", {})
+
+
+def load_model(path: str | os.PathLike) -> FeatureGP | ExactRBFGP | AlaCarteRegressor:
+    """Read a model written by :func:`save_model`; it predicts bit for bit as the saved one.
+
+    Raises:
+        ValueError: the file is not an alacarte model, has another format
+            version, or is truncated or damaged.
+    """
+    return load_with_metadata(path)[0]

@@ -1,0 +1,38 @@
+"""Sphinx configuration: MyST Markdown pages, API reference from the docstrings.
+
+Build (CI does this with warnings as errors)::
+
+    pip install -e ".[docs]" && python -m sphinx -W -b html docs docs/_build/html
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(".."))
+
+import alacarte  # noqa: E402
+
+project = "alacarte"
+author = "the alacarte authors"
+release = alacarte.__version__
+copyright = "the alacarte authors"
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+]
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+exclude_patterns = ["_build"]
+myst_enable_extensions = ["dollarmath"]
+myst_heading_anchors = 3
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"show-inheritance": True}
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_use_ivar = True
+
+html_theme = "alabaster"
+html_static_path = []

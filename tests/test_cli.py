@@ -1,0 +1,131 @@
+"""The command line end to end in a temporary directory: fit → predict → plot, and bad CSV files."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from alacarte.cli import main
+from alacarte.io import load_model
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+SMALL = ["--num-samples", "16", "--num-components", "2", "--max-iter", "5", "--restarts", "1",
+         "--restart-iter", "2", "-q"]
+
+
+def write_csv(path, names, rows):
+    with open(path, "w") as fh:
+        fh.write(",".join(names) + "\n")
+        for row in rows:
+            fh.write(",".join(str(v) for v in row) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """A model fitted through the CLI on a small CSV: (directory, model path, new inputs, fit JSON)."""
+    tmp = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, size=(60, 3))
+    y = np.sin(2 * x[:, 0]) + 0.3 * x[:, 1] + 0.05 * rng.normal(size=60)
+    data = write_csv(tmp / "data.csv", ["a", "b", "c", "y"], np.column_stack([x, y]))
+    model = str(tmp / "model.alacarte")
+    capture = _Capture()
+    with capture:
+        assert main(["fit", data, "--target", "y", "--kernel", "gm", "--out", model, "--json", *SMALL]) == 0
+    x_new = rng.uniform(-2, 2, size=(9, 3))
+    # columns in another order, plus an ignored one: matched by name
+    new = write_csv(tmp / "new.csv", ["c", "extra", "a", "b"], np.column_stack([x_new[:, 2], x_new[:, 0],
+                                                                                 x_new[:, 0], x_new[:, 1]]))
+    return tmp, model, new, x_new, json.loads(capture.out)
+
+
+class _Capture:
+    """Capture stdout in a module-scoped fixture (capsys is function-scoped)."""
+
+    def __enter__(self):
+        import io
+
+        self._old, sys.stdout = sys.stdout, io.StringIO()
+
+    def __exit__(self, *exc):
+        self.out, sys.stdout = sys.stdout.getvalue(), self._old
+
+
+def test_fit_writes_a_model_and_reports_json(fitted):
+    _, model, _, _, report = fitted
+    assert report["model"] == model and report["rows"] == 60 and report["inputs"] == ["a", "b", "c"]
+    assert report["train_rmse"] < 0.5 and np.isfinite(report["log_marginal_likelihood"])
+    assert set(report["relevance"]) == {"a", "b", "c"} and abs(sum(report["relevance"].values()) - 1) < 1e-9
+    assert load_model(model).n_features_in_ == 3
+
+
+def test_predict_prints_mean_and_std_columns_exactly(fitted, capsys):
+    _, model, new, x_new, _ = fitted
+    assert main(["predict", model, new, "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "mean,std" and len(lines) == 10
+    values = np.array([[float(v) for v in line.split(",")] for line in lines[1:]])
+    mean, std = load_model(model).predict(x_new, return_std=True)
+    assert np.array_equal(values[:, 0], mean) and np.array_equal(values[:, 1], std)  # 17 digits round-trip
+    assert main(["predict", model, new, "--json", "--latent", "-q"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    _, latent = load_model(model).predict(x_new, return_std=True, include_noise=False)
+    assert report["mean"] == mean.tolist() and report["std"] == latent.tolist() and report["std_of"] == "f"
+
+
+def test_predict_to_a_file_in_a_fresh_process_is_bit_identical(fitted):
+    tmp, model, new, x_new, _ = fitted
+    out = tmp / "pred.csv"
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "alacarte.cli", "predict", model, new, "--out", str(out), "-q"],
+                          capture_output=True, text=True, env=env, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    values = np.loadtxt(out, delimiter=",", skiprows=1)
+    mean, std = load_model(model).predict(x_new, return_std=True)
+    assert np.array_equal(values[:, 0], mean) and np.array_equal(values[:, 1], std)
+
+
+def test_plot_writes_a_png(fitted, capsys):
+    tmp, model, _, _, _ = fitted
+    pytest.importorskip("matplotlib")
+    assert main(["plot", model, "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"figure": str(tmp / "model.png")}
+    data = (tmp / "model.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+@pytest.mark.parametrize("content, message", [
+    ("a,b,y\n1,2,3\n4,5,6\n", r"has no target column 'target' \(columns: a, b, y\)"),
+    ("a,b,target\n1,2,3\n4,abc,6\n", r"line 3, column 'b': 'abc' is not a number"),
+    ("a,b,target\n1,2,3\n4,nan,6\n", r"line 3, column 'b': nan is not allowed"),
+    ("a,b,target\n1,2,3\n4,inf,6\n", r"line 3, column 'b': inf is not allowed"),
+    ("a,b,target\n1,,3\n", r"line 2, column 'b': empty cell"),
+    ("a,b,target\n1,2,3\n4,5\n", r"line 3: 2 fields, but the header has 3"),
+    ("", r"is empty"),
+    ("a,b,target\n", r"has a header but no data rows"),
+    ("a,a,target\n1,2,3\n", r"column names must be unique"),
+    ("target\n1\n2\n", r"no input columns besides the target"),
+])
+def test_bad_csv_files_fail_with_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    code = main(["fit", str(path), "--target", "target", *SMALL])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("alacarte: error: ") and err.count("\n") == 1, err
+    assert __import__("re").search(message, err), err
+
+
+def test_bad_model_and_missing_columns_fail_with_one_line(fitted, tmp_path, capsys):
+    _, model, _, _, _ = fitted
+    no_b = write_csv(tmp_path / "no_b.csv", ["a", "c"], [[1, 2]])
+    assert main(["predict", model, no_b]) == 2
+    assert "lacks the input column(s) 'b'" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "missing.alacarte"), no_b]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["plot", no_b]) == 2
+    err = capsys.readouterr().err
+    assert "not an alacarte model file" in err and err.count("\n") == 1

@@ -1,0 +1,180 @@
+"""Saved models: bit-identical reloads, atomic writes, clear errors on bad files."""
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from gpytorch.constraints import Interval
+from gpytorch.priors import GammaPrior
+
+import alacarte as ac
+from alacarte import AlaCarteRegressor
+from alacarte.factory import KERNEL_NAMES, make_model
+from alacarte.io import FORMAT_VERSION, MAGIC, load_model, load_with_metadata, save_model
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+SMALL = dict(num_samples=16, num_components=2, max_iter=5, restarts=1, restart_iter=2)
+
+
+def data(n=60, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    return x, np.sin(x).sum(1) + 0.1 * rng.normal(size=n)
+
+
+def fitted_model(name="fsard"):
+    x, y = data()
+    model = make_model(name, 3, num_samples=16, num_components=2, seed=0)
+    ac.fit(model, x, y, max_iter=5, restarts=1, restart_iter=2, progress=False)
+    return model
+
+
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+def test_save_load_gives_bit_identical_predictions(name, tmp_path):
+    model = fitted_model(name)
+    x_test = data(n=25, seed=3)[0]
+    path = save_model(model, tmp_path / "m.alacarte")
+    loaded = load_model(path)
+    assert type(loaded) is type(model) and not loaded.training
+    a, b = model.predict(x_test), loaded.predict(x_test)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+    assert torch.equal(a.observed_variance, b.observed_variance)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, loaded.state_dict()[key]), key
+    if name in ("gm", "ssgpr"):  # posterior function draws come from the stored factor
+        assert torch.equal(model.sample_functions(3, seed=1)(x_test), loaded.sample_functions(3, seed=1)(x_test))
+    ac.fit(loaded, *data(), max_iter=2, restarts=0, progress=False)  # and it trains on
+
+
+def test_regressor_round_trip_with_metadata_and_kernel_object(tmp_path):
+    x, y = data()
+    kernel = ac.PiecewiseLinearRadialKernel(3, 16, num_components=2, ard_num_dims=3, seed=4)
+    reg = AlaCarteRegressor(kernel, **SMALL).fit(x, y)
+    save_model(reg, tmp_path / "r.alacarte", metadata={"columns": ["a", "b", "c"], "target": "y"})
+    loaded, metadata = load_with_metadata(tmp_path / "r.alacarte")
+    assert metadata == {"columns": ["a", "b", "c"], "target": "y"}
+    assert isinstance(loaded.kernel, ac.PiecewiseLinearRadialKernel)
+    assert all(torch.equal(v, loaded.kernel.state_dict()[k]) for k, v in kernel.state_dict().items())
+    params = {k: v for k, v in reg.get_params().items() if k != "kernel"}
+    assert params == {k: v for k, v in loaded.get_params().items() if k != "kernel"}
+    a, b = reg.predict(x, return_std=True), loaded.predict(x, return_std=True)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert np.array_equal(reg.sample_y(x[:5], 3), loaded.sample_y(x[:5], 3))
+    assert loaded.log_marginal_likelihood_ == reg.log_marginal_likelihood_
+    assert loaded.history_ == reg.history_ and np.array_equal(loaded.relevance_, reg.relevance_)
+    unfitted = AlaCarteRegressor("exact-ard")
+    save_model(unfitted, tmp_path / "u.alacarte")
+    assert load_model(tmp_path / "u.alacarte").get_params() == unfitted.get_params()
+
+
+def test_a_failed_write_leaves_the_old_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "m.alacarte"
+    save_model(fitted_model(), path)
+    original = path.read_bytes()
+    other = fitted_model("gm")
+
+    real_save = torch.save
+
+    def save_half_then_fail(obj, fh, *args, **kwargs):
+        real_save(obj, fh, *args, **kwargs)
+        fh.truncate(fh.tell() // 2)
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(torch, "save", save_half_then_fail)
+    with pytest.raises(OSError, match="simulated"):
+        save_model(other, path)
+    monkeypatch.undo()
+
+    def failing_fsync(fd):
+        raise OSError("I/O error during fsync (simulated)")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)  # the new bytes are written, not yet renamed
+    with pytest.raises(OSError, match="simulated"):
+        save_model(other, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == original
+    assert os.listdir(tmp_path) == ["m.alacarte"]  # no temporary file left behind
+    load_model(path)
+
+
+def test_a_writer_killed_mid_write_leaves_the_old_file_intact(tmp_path):
+    path = tmp_path / "m.alacarte"
+    model = fitted_model()
+    save_model(model, path)
+    original = path.read_bytes()
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {ROOT!r})
+        import numpy as np
+        import alacarte as ac
+        from alacarte.factory import make_model
+        from alacarte.io import save_model
+        x = np.random.default_rng(1).normal(size=(50, 3))
+        model = make_model("gm", 3, num_samples=16, num_components=2)
+        ac.fit(model, x, x.sum(1), max_iter=2, restarts=0, progress=False)
+        def stall(fd):  # the temporary file is written; the writer dies before the rename
+            print("writing", flush=True)
+            time.sleep(120)
+        os.fsync = stall
+        save_model(model, {str(path)!r})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert path.read_bytes() == original
+    x_test = data(n=5, seed=9)[0]
+    assert torch.equal(load_model(path).predict(x_test).mean, model.predict(x_test).mean)
+
+
+def test_bad_files_give_clear_errors(tmp_path):
+    path = save_model(fitted_model(), tmp_path / "m.alacarte")
+    good = path.read_bytes()
+    bad = tmp_path / "bad.alacarte"
+
+    def expect(content: bytes, message: str):
+        bad.write_bytes(content)
+        with pytest.raises(ValueError, match=message):
+            load_model(bad)
+
+    expect(good[: len(good) // 2], "truncated")
+    expect(good[:-1], "truncated")
+    expect(good[: len(MAGIC) + 2], "truncated")
+    expect(good[: len(MAGIC) + 40], "truncated or damaged")
+    flipped = bytearray(good)
+    flipped[-100] ^= 0xFF
+    expect(bytes(flipped), "damaged: its data do not match their SHA-256 checksum")
+    expect(b"x,y\n1,2\n", "not an alacarte model file")
+    expect(b"", "not an alacarte model file")
+    header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
+    header = json.loads(good[len(MAGIC) + 4: len(MAGIC) + 4 + header_len])
+    header["format_version"] = FORMAT_VERSION + 1
+    new_header = json.dumps(header).encode()
+    future = MAGIC + struct.pack("<I", len(new_header)) + new_header + good[len(MAGIC) + 4 + header_len:]
+    expect(future, f"format version {FORMAT_VERSION + 1} .*reads format version {FORMAT_VERSION}")
+
+
+def test_models_a_file_cannot_rebuild_are_refused(tmp_path):
+    x, y = data()
+    custom = ac.FeatureGP(None, None, ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0,
+                                                      lengthscale_constraint=Interval(0.01, 10.0))).double()
+    ac.fit(custom, x, y, max_iter=2, restarts=0, progress=False)
+    with pytest.raises(ValueError, match="constraint of another type"):
+        save_model(custom, tmp_path / "c.alacarte")
+    with_prior = ac.FeatureGP(None, None, ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0,
+                                                          lengthscale_prior=GammaPrior(2.0, 1.0))).double()
+    ac.fit(with_prior, x, y, max_iter=2, restarts=0, progress=False)
+    with pytest.raises(ValueError, match="cannot be saved faithfully"):
+        save_model(with_prior, tmp_path / "p.alacarte")
+    assert not (tmp_path / "c.alacarte").exists() and not (tmp_path / "p.alacarte").exists()
+    with pytest.raises(ValueError, match="save_model takes"):
+        save_model(torch.nn.Linear(2, 2), tmp_path / "l.alacarte")

@@ -1,0 +1,45 @@
+"""Near-singular A = ΦᵀΦ + σ²I: training recovers through jitter and says so once."""
+import warnings
+
+import numpy as np
+import torch
+from gpytorch.constraints import GreaterThan
+from gpytorch.likelihoods import GaussianLikelihood
+
+import alacarte as ac
+from alacarte.woodbury import cholesky_with_jitter, collect_jitter
+
+
+def test_duplicated_inputs_with_tiny_noise_train_without_nan_and_warn_once():
+    rng = np.random.default_rng(0)
+    x = np.repeat(rng.normal(size=(8, 2)), 100, axis=0)  # 800 rows, 8 distinct: ΦᵀΦ has rank ≤ 8
+    y = np.sin(x).sum(1)
+    likelihood = GaussianLikelihood(noise_constraint=GreaterThan(1e-15))
+    model = ac.FeatureGP(None, None, ac.FSARDKernel(2, 64, ard_num_dims=2, seed=0), likelihood).double()
+    model.likelihood.noise = 1e-14  # cond(A) ≈ 1e17: the plain Cholesky fails in float64
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = ac.fit(model, x, y, max_iter=30, restarts=0, progress=False)
+    jitter = [w for w in caught if "jitter" in str(w.message)]
+    assert len(jitter) == 1, [str(w.message) for w in caught]
+    assert issubclass(jitter[0].category, RuntimeWarning)
+    assert "factorisations during training" in str(jitter[0].message)
+    assert history.iterations > 1 and all(np.isfinite(history.loss))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    with warnings.catch_warnings(record=True) as caught:  # the posterior is factorised once, then cached
+        warnings.simplefilter("always")
+        pred = model.predict(x[::100])
+        model.predict(x[::50])
+    assert len([w for w in caught if "jitter" in str(w.message)]) == 1
+    assert torch.isfinite(pred.mean).all() and torch.isfinite(pred.variance).all()
+    assert torch.allclose(pred.mean, torch.as_tensor(y[::100]), atol=1e-3)
+
+
+def test_collect_jitter_records_instead_of_warning():
+    a = torch.ones(4, 4, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with collect_jitter() as jitters:
+            cholesky_with_jitter(a)
+            cholesky_with_jitter(a)
+    assert len(jitters) == 2 and jitters[0] > 0

@@ -1,0 +1,168 @@
+"""AlaCarteRegressor: scikit-learn's estimator checks, model selection, and its numbers
+against dense computations."""
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from sklearn.gaussian_process.kernels import RBF
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import alacarte as ac
+from alacarte import AlaCarteRegressor
+from alacarte.factory import KERNEL_NAMES, make_model
+
+# Small enough that the ~50 estimator checks run in seconds, large enough to fit.
+SMALL = dict(num_samples=16, num_components=2, max_iter=10, restarts=1, restart_iter=3)
+
+
+def data(n=80, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, size=(n, d))
+    y = np.sin(2 * x[:, 0]) + 0.5 * x[:, 1] + 0.05 * rng.normal(size=n)
+    return x, y
+
+
+# Every check applies and passes; sklearn itself skips check_regressor_data_not_an_array
+# without pandas and check_array_api_input without SCIPY_ARRAY_API.
+@parametrize_with_checks([AlaCarteRegressor(**SMALL)])
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+def test_pipeline_and_grid_search_over_kernels():
+    x, y = data(n=90)
+    x = x * np.array([1.0, 100.0, 0.01]) + 5  # badly scaled: the pipeline's scaler is exercised
+    grid = GridSearchCV(
+        Pipeline([("scale", StandardScaler()), ("gp", AlaCarteRegressor(**SMALL))]),
+        {"gp__kernel": ["gm", "exact-rbf", ac.FSARDKernel(3, 16, ard_num_dims=3, seed=3)]},
+        cv=3,
+    )
+    grid.fit(x, y)
+    scores = grid.cv_results_["mean_test_score"]
+    assert len(scores) == 3 and np.all(np.isfinite(scores)) and scores.max() > 0.9
+    assert grid.best_score_ == scores.max()
+    assert grid.score(x, y) > 0.9
+    assert grid.predict(x[:7]).shape == (7,)
+
+
+def test_unknown_kernel_name_is_a_clear_error():
+    x, y = data(n=20)
+    with pytest.raises(ValueError, match="kernel must be one of gm, pwl"):
+        AlaCarteRegressor("matern", **SMALL).fit(x, y)
+
+
+def test_a_kernel_object_is_copied_not_trained():
+    x, y = data(n=40)
+    kernel = ac.FSARDKernel(3, 16, ard_num_dims=3, seed=1)
+    before = {k: v.clone() for k, v in kernel.state_dict().items()}
+    reg = AlaCarteRegressor(kernel, **SMALL).fit(x, y)
+    assert all(torch.equal(before[k], v) for k, v in kernel.state_dict().items())
+    assert reg.model_.covar_module is not kernel
+    assert reg.model_.covar_module.lengthscale.dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", ["gm", "fsard", "exact-rbf"])
+def test_log_marginal_likelihood_matches_a_dense_gaussian(name):
+    """log N(y; c + sμ, s²(K + σ²I)) with K formed densely: from the features, or sklearn's RBF."""
+    x, y = data(n=50)
+    reg = AlaCarteRegressor(name, **SMALL).fit(x, y)
+    model = reg.model_
+    scale, offset = float(model.target_scale), float(model.target_offset)
+    x_std = model.internal_inputs(torch.as_tensor(x)).detach()
+    with torch.no_grad():
+        if name.startswith("exact"):
+            base = model.covar_module
+            k = float(base.outputscale) * RBF(float(base.base_kernel.lengthscale)).__call__(x_std.numpy())
+        else:
+            phi = model.covar_module.features(x_std).numpy()
+            k = phi @ phi.T
+    noise = float(model.likelihood.noise.detach())
+    mean = offset + scale * float(model.mean_module.constant.detach())
+    expected = stats.multivariate_normal(np.full(len(y), mean), scale**2 * (k + noise * np.eye(len(y)))).logpdf(y)
+    assert reg.log_marginal_likelihood_ == pytest.approx(expected, rel=1e-9, abs=1e-7)
+
+
+@pytest.mark.parametrize("name", ["gm", "exact-ard"])
+def test_predictive_covariance_matches_a_dense_posterior(name):
+    x, y = data(n=60)
+    x_test = data(n=7, seed=5)[0]
+    reg = AlaCarteRegressor(name, **SMALL).fit(x, y)
+    model = reg.model_
+    mean, cov_f = reg.predict(x_test, return_cov=True, include_noise=False)
+    _, cov_y = reg.predict(x_test, return_cov=True)
+    _, std_y = reg.predict(x_test, return_std=True)
+    _, std_f = reg.predict(x_test, return_std=True, include_noise=False)
+    assert np.array_equal(reg.predict(x_test), mean) or np.allclose(reg.predict(x_test), mean, rtol=1e-12)
+    scale2 = float(model.target_scale) ** 2
+    noise = float(model.likelihood.noise.detach()) * scale2
+    assert np.allclose(cov_y, cov_f + noise * np.eye(7), rtol=1e-12, atol=1e-14)
+    assert np.allclose(std_f**2, np.diag(cov_f), rtol=1e-8) and np.allclose(std_y**2, np.diag(cov_y), rtol=1e-8)
+    # Dense reference: K** − K*x (Kxx + σ²I)⁻¹ Kx*, all n×n, in standardised units.
+    xs, xt = (model.internal_inputs(torch.as_tensor(a)).detach() for a in (x, x_test))
+    with torch.no_grad():
+        kernel = model.covar_module
+        k_xx, k_tx, k_tt = (kernel(a, b).to_dense().numpy() for a, b in ((xs, xs), (xt, xs), (xt, xt)))
+    a = k_xx + float(model.likelihood.noise.detach()) * np.eye(len(y))
+    dense = k_tt - k_tx @ np.linalg.solve(a, k_tx.T)
+    assert np.allclose(cov_f, scale2 * dense, rtol=1e-7, atol=1e-9)
+    r = (y - float(model.target_offset)) / float(model.target_scale) - float(model.mean_module.constant.detach())
+    dense_mean = float(model.mean_module.constant.detach()) + k_tx @ np.linalg.solve(a, r)
+    assert np.allclose(mean, dense_mean * float(model.target_scale) + float(model.target_offset), rtol=1e-8)
+    with pytest.raises(RuntimeError, match="At most one"):
+        reg.predict(x_test, return_std=True, return_cov=True)
+
+
+@pytest.mark.parametrize("name", ["fsard", "exact-rbf"])
+def test_sample_y_draws_the_latent_posterior(name):
+    x, y = data(n=40)
+    x_test = data(n=4, seed=7)[0]
+    reg = AlaCarteRegressor(name, **SMALL).fit(x, y)
+    draws = reg.sample_y(x_test, n_samples=4000, random_state=1)
+    assert draws.shape == (4, 4000)
+    assert np.array_equal(draws, reg.sample_y(x_test, n_samples=4000, random_state=1))
+    assert not np.array_equal(draws, reg.sample_y(x_test, n_samples=4000, random_state=2))
+    mean, cov = reg.predict(x_test, return_cov=True, include_noise=False)
+    sd = np.sqrt(np.diag(cov))
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * sd / np.sqrt(4000))
+    assert np.allclose(np.cov(draws), cov, atol=0.1 * sd.max() ** 2)
+
+
+def test_relevance_uses_the_kernels_own_or_inverse_lengthscales():
+    x, y = data(n=50)
+    reg = AlaCarteRegressor("fsard", **SMALL).fit(x, y)
+    inverse = 1 / reg.model_.covar_module.lengthscale.detach().numpy().ravel()
+    assert np.allclose(reg.relevance_, inverse / inverse.sum())
+    assert reg.relevance_[2] < reg.relevance_[0]  # x₂ does not enter y
+
+    class SelectingKernel(ac.FSARDKernel):
+        @property
+        def relevance(self):
+            return torch.tensor([3.0, 1.0, 0.0])
+
+    reg = AlaCarteRegressor(SelectingKernel(3, 16, ard_num_dims=3, seed=0), **SMALL).fit(x, y)
+    assert np.allclose(reg.relevance_, [0.75, 0.25, 0.0])
+    exact = AlaCarteRegressor("exact-rbf", **SMALL).fit(x, y)
+    assert np.allclose(exact.relevance_, 1 / 3)
+
+
+def test_pickle_round_trip_predicts_identically():
+    x, y = data(n=40)
+    reg = AlaCarteRegressor("gm", **SMALL).fit(x, y)
+    again = pickle.loads(pickle.dumps(reg))
+    a, b = reg.predict(x, return_std=True), again.predict(x, return_std=True)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_factory_knows_every_name_and_checks_dimensions():
+    for name in KERNEL_NAMES:
+        model = make_model(name, 3, num_samples=8, num_components=2)
+        assert model.num_dims == 3 and model.input_offset.dtype == torch.float64
+    with pytest.raises(ValueError, match="unknown kernel 'nope'"):
+        make_model("nope", 3)
+    with pytest.raises(ValueError, match="built for 2 input dimensions"):
+        make_model(ac.FSARDKernel(2, 8, seed=0), 3)
