@@ -142,7 +142,10 @@ class _StandardizedGP(ExactGP):
             chunk_size: rows per chunk; default from a 32 MiB feature budget.
         """
         if not self._has_data():
-            raise ValueError("the model has no training data: call alacarte.fit(model, x, y) first")
+            raise ValueError(
+                "the model has no training data: call alacarte.fit(model, x, y) (or, for a FeatureGP, "
+                "model.cache_posterior(x, y)) first"
+            )
         x, _ = self.check_data(x)
         if chunk_size is not None:
             check_positive_int(chunk_size, "chunk_size")
@@ -288,7 +291,10 @@ class FeatureGP(_StandardizedGP):
         """
         check_positive_int(num_samples, "num_samples")
         if not self._has_data():
-            raise ValueError("the model has no training data: call alacarte.fit(model, x, y) first")
+            raise ValueError(
+                "the model has no training data: call alacarte.fit(model, x, y) (or, for a FeatureGP, "
+                "model.cache_posterior(x, y)) first"
+            )
         was_training = self.training
         self.eval()
         posterior = self.posterior()

@@ -251,7 +251,9 @@ def _read(source, start: int, stop: int, name: str, dtype: torch.dtype, device) 
     if isinstance(source, Tensor):
         part = source[start:stop]
     elif isinstance(source, np.ndarray):
-        part = np.asarray(source[start:stop])  # reads only these rows of a memmap
+        part = source[start:stop]  # a memmap reads only these rows
+        if not part.flags.writeable:  # read-only maps: torch wants memory it may write
+            part = np.array(part)
     else:
         part = source if (start, stop) == (0, len(source)) else source[start:stop]
     return as_tensor(part, name, dtype, device)
