@@ -14,13 +14,13 @@ Launch one process per core/GPU with ``torchrun``:
 
 * one machine, 2 processes (gloo on CPU, nccl when CUDA is available)::
 
-    torchrun --standalone --nproc_per_node=2 experiments/train_distributed.py --n 1000000
+    torchrun --standalone --nproc_per_node=2 experiments/train_distributed.py --n-train 1000000
 
 * several machines (run on each; node ranks 0..N−1, ``HOST0`` reachable by all)::
 
     torchrun --nnodes=N --node_rank=$NODE_RANK --nproc_per_node=8 \\
         --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=alacarte \\
-        experiments/train_distributed.py --n 100000000
+        experiments/train_distributed.py --n-train 100000000
 
 In the script::
 
