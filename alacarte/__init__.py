@@ -1,7 +1,7 @@
 """alacarte: expressive GP kernels on Fastfood feature maps, with Woodbury likelihoods.
 
-Public surface: the kernels, the models, the marginal likelihood and the
-training entry point.  Building blocks live in the submodules
+Public surface: the kernels, the models, the marginal likelihood, the
+training entry point and the estimators.  Building blocks live in the submodules
 (:mod:`alacarte.ops`, :mod:`alacarte.features`, :mod:`alacarte.woodbury`).
 """
 from .kernels import (
@@ -17,6 +17,7 @@ from .kernels import (
 from .datasets import load_uci
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
+from .selection import SRFFRegressor
 from .training import fit
 
 __version__ = "0.1.0"
@@ -34,5 +35,6 @@ __all__ = [
     "ExactRBFGP",
     "WoodburyMarginalLogLikelihood",
     "fit",
+    "SRFFRegressor",
     "load_uci",
 ]

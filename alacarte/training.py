@@ -17,6 +17,7 @@ from ._validation import check_positive_int
 from .init import initialize
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
+from .selection.simplex import SimplexStep
 from .woodbury import NotPositiveDefiniteError
 
 __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
@@ -55,7 +56,9 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
     """Run the optimiser from the model's current state; returns (losses, converged)."""
     model.train()
     mll = marginal_log_likelihood(model)
-    params = [p for p in model.parameters() if p.requires_grad]
+    # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
+    simplex = SimplexStep(model)
+    params = [p for p in model.parameters() if p.requires_grad and not simplex.owns(p)]
     if optimizer == "lbfgs":
         opt = torch.optim.LBFGS(params, lr=lr or 1.0, max_iter=1, history_size=20, line_search_fn="strong_wolfe")
     else:
@@ -74,6 +77,8 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
         for _ in range(max_iter):
             try:
                 loss = float(opt.step(closure).detach())
+                if simplex:
+                    simplex.step(lambda: -mll(model(x), y))
             except (NotPSDError, NotPositiveDefiniteError):
                 loss = math.nan
             if not math.isfinite(loss):
