@@ -8,7 +8,8 @@ when a picture is drawn.
 * PWL: the radial density Σ_c π_c hat_c(r);
 * FSARD / FSGBARD / Fastfood RBF: histogram of the radii against the χ_p
   density they were drawn from;
-* relevances: inverse lengthscales (GM: Σ_q w_q σ_qj; SSGPR: RMS frequency per
+* relevances: ``kernel.relevance`` — π for simplex-ARD kernels, else inverse
+  lengthscales (GM: Σ_q w_q σ_qj; SSGPR: RMS frequency per
   input), normalised to sum to one.
 """
 from __future__ import annotations
@@ -25,7 +26,6 @@ from .kernels import (
     FeatureKernel,
     PiecewiseLinearRadialKernel,
     SpectralMixtureFastfoodKernel,
-    SSGPRKernel,
 )
 
 __all__ = ["relevance", "plot_spectrum", "plot_relevance", "save_kernel_figure"]

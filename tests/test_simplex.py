@@ -231,3 +231,20 @@ def test_a_simplex_gp_selects_the_relevant_inputs_of_se2():
     pi = kernel.simplex_weights.detach()
     assert bool((pi >= 0).all()) and abs(float(pi.sum()) - 1.0) <= 1e-12
     assert set(kernel.selected().tolist()) == set(relevant)
+
+
+def test_simplex_step_descends_to_the_constrained_minimiser():
+    """On f(π) = ½‖A(π − v)‖², every accepted step decreases f and the steps reach the
+    minimiser over the simplex (checked against the exhaustive KKT solve for A = I)."""
+    from alacarte.selection import SimplexStep
+
+    kernel = ac.FSARDKernel(6, 8, ard_num_dims=6, simplex=True, seed=0).double()
+    v = torch.tensor([0.9, -0.2, 0.4, 0.05, 0.3, -1.0], dtype=torch.float64)
+    objective = lambda: 0.5 * ((kernel.simplex_weights.squeeze(0) - v) ** 2).sum()  # noqa: E731
+    step = SimplexStep(kernel, step_size=10.0)  # too long at first: backtracking must cut it
+    values = [float(objective())]
+    for _ in range(30):
+        values.append(step.step(objective, steps=1))
+    assert all(b <= a for a, b in zip(values, values[1:]))
+    expected = exhaustive_projection(v.numpy(), 1.0)
+    assert np.allclose(kernel.simplex_weights.detach().numpy().ravel(), expected, atol=1e-12)

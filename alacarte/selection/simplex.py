@@ -90,8 +90,19 @@ class SimplexStep:
         for module in self.modules:
             module.project_()
 
-    def step(self, objective) -> float:
-        """One accepted projected-gradient step on π (or none); returns the objective after it."""
+    def step(self, objective, steps: int = 3) -> float:
+        """``steps`` projected-gradient steps on π (each accepted or none); returns the objective.
+
+        π moves more slowly than the smooth parameters (its step is limited by the
+        curvature along the simplex), so each call takes a few steps."""
+        value = math.nan
+        for _ in range(steps):
+            value, moved = self._single_step(objective)
+            if not moved:
+                break
+        return value
+
+    def _single_step(self, objective) -> tuple[float, bool]:
         self.project_()
         for p in self.parameters:
             p.grad = None  # the optimiser's closure accumulates these; π uses its own gradient
@@ -108,7 +119,7 @@ class SimplexStep:
                 moved = [n - p for n, p in zip(new, old)]
                 gap = sum(float((m * m).sum()) for m in moved)
                 if gap == 0.0:
-                    break  # a fixed point of the projected gradient map: stationary on Δ
+                    return value, False  # a fixed point of the projected gradient map: stationary on Δ
                 linear = sum(float((g * m).sum()) for g, m in zip(grads, moved))
                 for p, n in zip(self.parameters, new):
                     p.copy_(n)
@@ -118,10 +129,10 @@ class SimplexStep:
                     trial = math.nan
             if math.isfinite(trial) and trial <= value + linear + gap / (2 * t):
                 self.step_size = 2 * t
-                return trial
+                return trial, True
             t /= 2
         with torch.no_grad():
             for p, o in zip(self.parameters, old):
                 p.copy_(o)
         self.step_size = t
-        return value
+        return value, False
