@@ -17,6 +17,7 @@ from ._validation import check_positive_int
 from .init import initialize
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
+from .selection.simplex import SimplexStep
 from .streaming import ChunkedData, is_streamed_input, streamed_negative_mll
 from .woodbury import NotPositiveDefiniteError, collect_jitter
 
@@ -66,7 +67,9 @@ def _negative_mll(model, x, y, backward: bool):
 def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, bar) -> tuple[list[float], bool]:
     """Run the optimiser from the model's current state; returns (losses, converged)."""
     model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
+    simplex = SimplexStep(model)
+    params = [p for p in model.parameters() if p.requires_grad and not simplex.owns(p)]
     if optimizer == "lbfgs":
         opt = torch.optim.LBFGS(params, lr=lr or 1.0, max_iter=1, history_size=20, line_search_fn="strong_wolfe")
     else:
@@ -83,6 +86,8 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
         for _ in range(max_iter):
             try:
                 loss = float(opt.step(closure).detach())
+                if simplex:
+                    simplex.step(lambda: _negative_mll(model, x, y, backward=False))
             except (NotPSDError, NotPositiveDefiniteError):
                 loss = math.nan
             if not math.isfinite(loss):
@@ -206,6 +211,11 @@ def fit(
                 f"{type(model).__name__} needs all rows in memory (its likelihood is O(n²) and does not "
                 "decompose into sums over rows): streamed input, chunk_size, memory_budget and "
                 "statistics_dtype are for FeatureGP"
+            )
+        if SimplexStep(model):
+            raise ValueError(
+                "simplex-ARD kernels train by projected gradient on the in-memory likelihood; streamed input "
+                "(chunk_size, memory_budget, memory-mapped or chunked data) is not supported for them yet"
             )
         data = x if isinstance(x, ChunkedData) else ChunkedData(
             x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype
