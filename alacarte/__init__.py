@@ -17,6 +17,7 @@ from .kernels import (
 from .datasets import load_uci
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
+from .selection import DerivativeSelector, RFFNetClassifier, RFFNetRegressor
 from .training import fit
 
 __version__ = "0.1.0"
@@ -35,4 +36,7 @@ __all__ = [
     "WoodburyMarginalLogLikelihood",
     "fit",
     "load_uci",
+    "RFFNetRegressor",
+    "RFFNetClassifier",
+    "DerivativeSelector",
 ]
