@@ -18,7 +18,7 @@ from .datasets import load_uci
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .regressor import AlaCarteRegressor
-from .selection import SRFFRegressor
+from .selection import DerivativeSelector, RFFNetClassifier, RFFNetRegressor, SRFFRegressor
 from .training import fit
 
 __version__ = "0.1.0"
@@ -39,4 +39,7 @@ __all__ = [
     "AlaCarteRegressor",
     "SRFFRegressor",
     "load_uci",
+    "RFFNetRegressor",
+    "RFFNetClassifier",
+    "DerivativeSelector",
 ]
