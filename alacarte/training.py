@@ -207,9 +207,13 @@ def fit(
                 "decompose into sums over rows): streamed input, chunk_size, memory_budget and "
                 "statistics_dtype are for FeatureGP"
             )
-        data = x if isinstance(x, ChunkedData) else ChunkedData(
-            x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype
-        )
+        if isinstance(x, ChunkedData):
+            if any(option is not None for option in (y, chunk_size, memory_budget, statistics_dtype)):
+                raise ValueError("x is a ChunkedData: set y, chunk_size, memory_budget and statistics_dtype on it")
+            data = x
+        else:
+            data = ChunkedData(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
+                               statistics_dtype=statistics_dtype)
     elif y is None:
         raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
     else:
