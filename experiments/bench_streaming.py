@@ -264,6 +264,12 @@ def render(args, done: dict, command: str) -> str:
                      f"{slope * 1e6:.1f} s per 10⁶ rows (largest deviation {100 * worst:.1f}%); "
                      f"log-log slope {log_slope:.3f} (1 = linear).")
     n, m = args.n, NUM_SAMPLES
+    full = sorted((big, done[_key("streamed", big, m)]["cpu_seconds"]) for big in set(args.scaling_ns) | {n}
+                  if _key("streamed", big, m) in done)
+    if len(full) >= 2:
+        (n0, t0), (n1, t1) = full[0], full[-1]
+        lines.append(f"Streamed CPU time at D = {2 * m}: {t1 / t0:.2f}× from n = {n0:,} to n = {n1:,} "
+                     f"({n1 / n0:.0f}× the rows).")
     if _key("streamed", n, m) in done and _key("in-memory", n, m) in done:
         ratio = done[_key("streamed", n, m)]["cpu_seconds"] / done[_key("in-memory", n, m)]["cpu_seconds"]
         lines.append(f"Streamed vs in-memory at n = {n:,}, D = {2 * m}: {ratio:.2f}× the CPU time (target ≤ 1.3×).")
