@@ -37,6 +37,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import socket
 import subprocess
 import sys
@@ -303,7 +304,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    command = "python " + " ".join(arg for arg in sys.argv if arg != "--render-only")
+    command = "python " + shlex.join(arg for arg in sys.argv if arg != "--render-only")
     done = {}
     if os.path.exists(args.raw):
         with open(args.raw) as fh:
