@@ -217,9 +217,13 @@ def fit(
                 "simplex-ARD kernels train by projected gradient on the in-memory likelihood; streamed input "
                 "(chunk_size, memory_budget, memory-mapped or chunked data) is not supported for them yet"
             )
-        data = x if isinstance(x, ChunkedData) else ChunkedData(
-            x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype
-        )
+        if isinstance(x, ChunkedData):
+            if any(option is not None for option in (y, chunk_size, memory_budget, statistics_dtype)):
+                raise ValueError("x is a ChunkedData: set y, chunk_size, memory_budget and statistics_dtype on it")
+            data = x
+        else:
+            data = ChunkedData(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
+                               statistics_dtype=statistics_dtype)
     elif y is None:
         raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
     else:

@@ -1,10 +1,15 @@
 """Peak memory and time per likelihood + gradient evaluation: streamed vs in-memory vs GPyTorch.
 
-SE1-like data (d = 18, x ~ N(0, I), MATH.md §8) with n = 10⁵, 10⁶, 2·10⁶ rows,
-FSARD with M = 1024 frequencies (D = 2048 features), float64, one torch
+SE1-like data (d = 18, x ~ N(0, I), MATH.md §8), FSARD with M = 1024
+frequencies (D = 2048 features) at n = 10⁵, and the streamed path's scaling in
+n (10⁵, 10⁶, 2·10⁶) at ``--scaling-samples`` frequencies; float64, one torch
 thread per process.  Every configuration runs in a fresh subprocess and reports
 its peak resident memory (``resource.getrusage(...).ru_maxrss``, which
-includes the interpreter, torch and any memory-mapped pages it touched):
+includes the interpreter, torch and any memory-mapped pages it touched), and
+the wall-clock and CPU seconds (``time.process_time``) of one evaluation.  On
+a machine shared with other jobs the CPU seconds of a one-thread process are the
+robust measure (the wall-clock time also counts waiting for a core), so the
+ratios use them.  ``--parallel k`` runs k configurations at a time.
 
 * ``streamed``: :func:`alacarte.streaming.streamed_negative_mll` over the rows
   of a memory-mapped ``.npy`` file (``memory_budget`` 512 MiB);
@@ -22,7 +27,8 @@ rewritten, so an interrupted run resumes where it stopped.
 
 Usage::
 
-    python experiments/bench_streaming.py [--ns 100000 1000000 2000000] [--data /tmp/alacarte_bench]
+    python experiments/bench_streaming.py [--n 100000] [--scaling-ns 100000 1000000 2000000]
+        [--scaling-samples 256] [--parallel 4] [--data /tmp/alacarte_bench]
 """
 from __future__ import annotations
 
@@ -31,16 +37,19 @@ import json
 import os
 import platform
 import resource
+import shlex
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-NUM_SAMPLES = 1024
+NUM_SAMPLES = 1024  # the default of the main comparison
 MEMORY_BUDGET = 512 * 2**20
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 MEMORY_LIMIT = 24 * 2**30
@@ -77,6 +86,7 @@ def worker(args) -> None:
     x_path, y_path = data_files(args.data, args.n)
     x_map, y_map = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
     d = x_map.shape[1]
+    num_samples = args.num_samples
     rank, world = 0, 1
     if args.worker == "streamed x2":
         import torch.distributed as dist
@@ -98,7 +108,7 @@ def worker(args) -> None:
                 super().__init__(x, y, gpytorch.likelihoods.GaussianLikelihood())
                 self.mean_module = gpytorch.means.ConstantMean()
                 self.covar_module = gpytorch.kernels.ScaleKernel(
-                    gpytorch.kernels.RFFKernel(num_samples=NUM_SAMPLES, num_dims=d, ard_num_dims=d)
+                    gpytorch.kernels.RFFKernel(num_samples=num_samples, num_dims=d, ard_num_dims=d)
                 )
 
             def forward(self, inputs):
@@ -113,7 +123,7 @@ def worker(args) -> None:
             loss.backward()
             return float(loss.detach())
     else:
-        model = FeatureGP(None, None, FSARDKernel(d, NUM_SAMPLES, ard_num_dims=d, seed=0))
+        model = FeatureGP(None, None, FSARDKernel(d, num_samples, ard_num_dims=d, seed=0))
         if args.worker == "in-memory":
             x, y = torch.as_tensor(np.array(x_map)), torch.as_tensor(np.array(y_map))
             model.set_train_data(x, y, strict=False)
@@ -132,15 +142,17 @@ def worker(args) -> None:
                 return float(streamed_negative_mll(model, data))
     model.train()
 
-    times, loss = [], None
+    times, cpu_times, loss = [], [], None
     for _ in range(args.repeats):
         if world > 1:
             torch.distributed.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = evaluate()
         times.append(time.perf_counter() - start)
-    result = {"config": args.worker, "n": args.n, "seconds": float(np.median(times)), "all_seconds": times,
-              "loss": loss, "peak_rss": peak_rss_bytes(), "rank": rank}
+        cpu_times.append(time.process_time() - cpu_start)
+    result = {"config": args.worker, "n": args.n, "M": num_samples, "seconds": float(np.median(times)),
+              "all_seconds": times, "cpu_seconds": float(np.median(cpu_times)), "loss": loss,
+              "peak_rss": peak_rss_bytes(), "rank": rank}
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -151,15 +163,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_config(args, config: str, n: int, repeats: int) -> dict:
+def run_config(args, config: str, n: int, num_samples: int, repeats: int) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--worker", config, "--n", str(n),
-               "--repeats", str(repeats), "--data", args.data]
+               "--num-samples", str(num_samples), "--repeats", str(repeats), "--data", args.data]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if config == "streamed x2":
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2")
-        procs = [subprocess.Popen(command, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True) for r in (0, 1)]
-    else:
-        procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)]
+        procs = [subprocess.Popen(command, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True) for r in (0, 1)]
+    else:  # its own session, as torchrun starts its workers: scheduled like any other job
+        procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)]
     results = []
     for proc in procs:
         out, _ = proc.communicate()
@@ -169,26 +182,39 @@ def run_config(args, config: str, n: int, repeats: int) -> dict:
         results.append(json.loads(lines[-1][len("RESULT "):]))
     merged = dict(results[0])
     merged["seconds"] = max(r["seconds"] for r in results)  # the step waits for the slowest process
+    merged["cpu_seconds"] = max(r["cpu_seconds"] for r in results)
     merged["peak_rss"] = max(r["peak_rss"] for r in results)  # per process
     return merged
 
 
-def feature_matrix_fits(n: int, copies: int) -> bool:
-    return copies * n * 2 * NUM_SAMPLES * 8 < MEMORY_LIMIT
+def feature_matrix_fits(n: int, num_samples: int, copies: int) -> bool:
+    return copies * n * 2 * num_samples * 8 < MEMORY_LIMIT
 
 
-def plan(ns: list[int]) -> list[tuple[str, int, str | None]]:
-    """(config, n, reason it is not run or None)."""
-    rows = []
-    for n in ns:
-        rows.append(("streamed", n, None))
-        # The in-memory path keeps Φ and its gradient; GPyTorch at least Φ, its gradient and a root copy.
+def plan(args) -> list[tuple[str, int, int, str | None]]:
+    """(config, n, M, reason it is not run or None), in the table's order."""
+    n, m = args.n, NUM_SAMPLES
+    rows = [("streamed", n, m, None)]
+    # The in-memory path keeps Φ and its gradient; GPyTorch at least Φ, its gradient and a root copy.
+    for config, copies in (("in-memory", 2), ("gpytorch", 3)):
+        reason = None if feature_matrix_fits(n, m, copies) else "does not fit in 24 GB"
+        rows.append((config, n, m, reason))
+    rows.append(("streamed x2", n, m, None))
+    for big in sorted(set(args.scaling_ns) - {n}):
+        rows.append(("streamed", big, m, args.skip_reason or None))
         for config, copies in (("in-memory", 2), ("gpytorch", 3)):
-            reason = None if feature_matrix_fits(n, copies) else (
-                f"needs ≥ {copies} n×D float64 matrices = {copies * n * 2 * NUM_SAMPLES * 8 / 2**30:.0f} GiB > 24 GB")
-            rows.append((config, n, reason))
-    rows.append(("streamed x2", min(ns), None))
+            if not feature_matrix_fits(big, m, copies):
+                rows.append((config, big, m, f"needs ≥ {copies} n×D float64 matrices = "
+                                             f"{copies * big * 2 * m * 8 / 2**30:.0f} GiB > 24 GB"))
+    if args.scaling_samples != m:
+        for big in sorted(set(args.scaling_ns)):
+            rows.append(("streamed", big, args.scaling_samples, None))
+        rows.append(("in-memory", min(args.scaling_ns), args.scaling_samples, None))
     return rows
+
+
+def _key(config: str, n: int, num_samples: int) -> str:
+    return f"{config}|{n}|{num_samples}"
 
 
 def render(args, done: dict, command: str) -> str:
@@ -199,88 +225,118 @@ def render(args, done: dict, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, 2 cores **shared with four other agents' jobs during the run** "
-        f"(load average 5–6), torch {torch.__version__}, one torch thread per process. SE1-like data "
-        f"(d = 18), FSARD with M = {NUM_SAMPLES} (D = {2 * NUM_SAMPLES}), float64. One evaluation = "
-        "negative log marginal likelihood + gradient of every parameter. Streamed: memory-mapped `.npy` "
-        f"input, memory budget {MEMORY_BUDGET // 2**20} MiB. Seconds: median of the timed evaluations "
-        "(`repeats`); peak RSS: `ru_maxrss` of the process (of the larger one for 2 processes).",
+        f"Machine: {platform.machine()}, 2 cores **shared with four other agents' jobs during the run "
+        "(load average 15–20 on 2 cores)**, so wall-clock seconds mostly measure waiting for a core; "
+        f"the CPU seconds of each one-thread process are the comparable measure. torch {torch.__version__}. "
+        "SE1-like data (d = 18), FSARD, float64. One evaluation = negative log marginal likelihood + "
+        "gradient of every parameter, timed once in a fresh process (no warm-up; at these sizes set-up is "
+        f"negligible). Streamed: memory-mapped `.npy` input, memory budget {MEMORY_BUDGET // 2**20} MiB. "
+        "Peak RSS: `ru_maxrss` of the process (the larger one for 2 processes), interpreter, torch and "
+        "touched pages of the memory map included. GPyTorch: `ExactGP` + `ScaleKernel(RFFKernel)` under "
+        "`ExactMarginalLogLikelihood`, whose `LowRankRootAddedDiagLinearOperator` takes the low-rank path "
+        "(Woodbury solve, capacitance-matrix Cholesky for the log-determinant).",
         "",
-        "| path | n | seconds / eval | vs in-memory (same n) | peak RSS (GiB) | repeats | loss per point |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| path | n | M (D = 2M) | CPU s / eval | vs in-memory (CPU, same n and M) | wall s / eval | peak RSS (GiB) | loss per point |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for config, n, reason in plan(args.ns):
-        key = f"{config}|{n}"
-        if reason is not None:
-            lines.append(f"| {config} | {n:,} | not run: {reason} | | | | |")
+    for config, n, m, reason in plan(args):
+        key = _key(config, n, m)
+        if reason is not None and key not in done:
+            lines.append(f"| {config} | {n:,} | {m} | not run: {reason} | | | | |")
             continue
         if key not in done:
-            lines.append(f"| {config} | {n:,} | (not finished) | | | | |")
+            lines.append(f"| {config} | {n:,} | {m} | (not finished) | | | | |")
             continue
         r = done[key]
-        reference = done.get(f"in-memory|{n}")
-        ratio = f"{r['seconds'] / reference['seconds']:.2f}×" if reference else "–"
-        lines.append(f"| {config} | {n:,} | {r['seconds']:.1f} | {ratio} | {r['peak_rss'] / 2**30:.2f} | "
-                     f"{len(r['all_seconds'])} | {r['loss']:.6f} |")
-    streamed = sorted((n, done[f"streamed|{n}"]["seconds"]) for n in args.ns if f"streamed|{n}" in done)
+        reference = done.get(_key("in-memory", n, m))
+        ratio = f"{r['cpu_seconds'] / reference['cpu_seconds']:.2f}×" if reference else "–"
+        lines.append(f"| {config} | {n:,} | {m} | {r['cpu_seconds']:.1f} | {ratio} | {r['seconds']:.1f} | "
+                     f"{r['peak_rss'] / 2**30:.2f} | {r['loss']:.6f} |")
     lines.append("")
+    m_scaling = args.scaling_samples
+    streamed = sorted((n, done[_key("streamed", n, m_scaling)]["cpu_seconds"]) for n in args.scaling_ns
+                      if _key("streamed", n, m_scaling) in done)
     if len(streamed) >= 2:
         ns_, ts = np.array([s[0] for s in streamed], float), np.array([s[1] for s in streamed])
         slope, intercept = np.polyfit(ns_, ts, 1)
         log_slope = np.polyfit(np.log(ns_), np.log(ts), 1)[0]
-        lines.append(f"Streamed time vs n: least-squares line t = {intercept:.2f} s + {slope * 1e6:.1f} s per 10⁶ rows; "
+        worst = np.max(np.abs(ts - (intercept + slope * ns_)) / ts)
+        lines.append(f"Streamed CPU time vs n (M = {m_scaling}): least-squares line t = {intercept:.2f} s + "
+                     f"{slope * 1e6:.1f} s per 10⁶ rows (largest deviation {100 * worst:.1f}%); "
                      f"log-log slope {log_slope:.3f} (1 = linear).")
-    small = min(args.ns)
-    if f"streamed|{small}" in done and f"in-memory|{small}" in done:
-        ratio = done[f"streamed|{small}"]["seconds"] / done[f"in-memory|{small}"]["seconds"]
-        lines.append(f"Streamed vs in-memory at n = {small:,}: {ratio:.2f}× (target ≤ 1.3×).")
-    if f"streamed x2|{small}" in done and f"streamed|{small}" in done:
-        ratio = done[f"streamed x2|{small}"]["seconds"] / done[f"streamed|{small}"]["seconds"]
-        lines.append(f"2 processes vs 1 at n = {small:,}: {ratio:.2f}× the time per evaluation.")
-    big = max(args.ns)
-    if f"streamed|{big}" in done:
-        lines.append(f"Streamed peak memory at n = {big:,}: {done[f'streamed|{big}']['peak_rss'] / 2**30:.2f} GiB "
-                     "(target < 2 GB).")
+    n, m = args.n, NUM_SAMPLES
+    full = sorted((big, done[_key("streamed", big, m)]["cpu_seconds"]) for big in set(args.scaling_ns) | {n}
+                  if _key("streamed", big, m) in done)
+    if len(full) >= 2:
+        (n0, t0), (n1, t1) = full[0], full[-1]
+        lines.append(f"Streamed CPU time at D = {2 * m}: {t1 / t0:.2f}× from n = {n0:,} to n = {n1:,} "
+                     f"({n1 / n0:.0f}× the rows).")
+    if _key("streamed", n, m) in done and _key("in-memory", n, m) in done:
+        ratio = done[_key("streamed", n, m)]["cpu_seconds"] / done[_key("in-memory", n, m)]["cpu_seconds"]
+        lines.append(f"Streamed vs in-memory at n = {n:,}, D = {2 * m}: {ratio:.2f}× the CPU time (target ≤ 1.3×).")
+    if _key("streamed x2", n, m) in done and _key("streamed", n, m) in done:
+        two, one = done[_key("streamed x2", n, m)], done[_key("streamed", n, m)]
+        lines.append(f"2 processes vs 1 at n = {n:,}: {two['cpu_seconds'] / one['cpu_seconds']:.2f}× the CPU time "
+                     f"per process per evaluation, {two['seconds'] / one['seconds']:.2f}× the wall time (on an "
+                     "idle 2-core machine the wall ratio would approach the CPU ratio).")
+    for (config, big, mm, reason) in plan(args):
+        if config == "streamed" and big == max(args.scaling_ns) and _key(config, big, mm) in done:
+            lines.append(f"Streamed peak memory at n = {big:,}, D = {2 * mm}: "
+                         f"{done[_key(config, big, mm)]['peak_rss'] / 2**30:.2f} GiB (target < 2 GB).")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ns", type=int, nargs="+", default=[100_000, 1_000_000, 2_000_000])
+    parser.add_argument("--n", type=int, default=100_000, help="rows of the main comparison")
+    parser.add_argument("--num-samples", type=int, default=NUM_SAMPLES, help=argparse.SUPPRESS)
+    parser.add_argument("--scaling-ns", type=int, nargs="+", default=[100_000, 1_000_000, 2_000_000])
+    parser.add_argument("--scaling-samples", type=int, default=256, help="M of the scaling runs")
+    parser.add_argument("--skip-reason", default="", help="why the streamed M = 1024 runs beyond --n are not run")
+    parser.add_argument("--parallel", type=int, default=1, help="configurations run at a time")
+    parser.add_argument("--render-only", action="store_true", help="rewrite the table from --raw, run nothing")
     parser.add_argument("--data", default=os.path.join("/tmp", "alacarte_bench"))
     parser.add_argument("--raw", default=os.path.join(RESULTS, "streaming_raw.jsonl"))
     parser.add_argument("--out", default=os.path.join(RESULTS, "streaming.md"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="timed evaluations per configuration (default 2 for n ≤ 10⁵, else 1)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed evaluations per configuration")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
 
-    command = "python " + " ".join(sys.argv)
+    command = "python " + shlex.join(arg for arg in sys.argv if arg != "--render-only")
     done = {}
     if os.path.exists(args.raw):
         with open(args.raw) as fh:
             for line in fh:
                 r = json.loads(line)
-                done[f"{r['config']}|{r['n']}"] = r
-    # The table's order is by n; the run's puts the targets first and GPyTorch last.
-    priority = {"streamed": 0, "in-memory": 0, "streamed x2": 1, "gpytorch": 3}
-    order = sorted(plan(args.ns), key=lambda row: (priority[row[0]] + (row[1] > min(args.ns)) * 2 * (row[0] == "streamed"), row[1]))
-    for config, n, reason in order:
-        if reason is not None or f"{config}|{n}" in done:
-            continue
+                done[_key(r["config"], r["n"], r["M"])] = r
+    todo = [(c, n, m) for c, n, m, reason in plan(args) if reason is None and _key(c, n, m) not in done]
+    todo.sort(key=lambda item: item[0] == "gpytorch")  # the slowest last
+    if args.render_only:
+        todo = []
+    for _, n, _ in todo:
         data_files(args.data, n)
-        repeats = args.repeats or (2 if n <= 100_000 else 1)
-        print(f"running {config} n={n} ({repeats} evaluations)", flush=True)
-        result = run_config(args, config, n, repeats)
-        done[f"{config}|{n}"] = result
-        with open(args.raw, "a") as fh:
-            fh.write(json.dumps(result) + "\n")
-        with open(args.out, "w") as fh:
-            fh.write(render(args, done, command))
+    lock = threading.Lock()
+
+    def one(item):
+        config, n, m = item
+        print(f"running {config} n={n} M={m}", flush=True)
+        try:
+            result = run_config(args, config, n, m, args.repeats)
+        except RuntimeError as err:  # logged; the configuration is retried on the next run
+            print(err, flush=True)
+            return
+        with lock:
+            done[_key(config, n, m)] = result
+            with open(args.raw, "a") as fh:
+                fh.write(json.dumps(result) + "\n")
+            with open(args.out, "w") as fh:
+                fh.write(render(args, done, command))
         print(json.dumps(result), flush=True)
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(one, todo))
     report = render(args, done, command)
     with open(args.out, "w") as fh:
         fh.write(report)

@@ -82,6 +82,8 @@ def main() -> None:
 
     d = x_test.shape[1]
     model = FeatureGP(None, None, FSARDKernel(d, args.num_samples, ard_num_dims=d, seed=args.seed))
+    if distributed and torch.distributed.get_backend() == "nccl":
+        model = model.cuda()  # ad.init chose GPU LOCAL_RANK; chunks are moved there as they are read
     fit_kwargs = dict(max_iter=args.max_iter, restarts=1, restart_iter=5, tolerance=args.tolerance,
                       memory_budget=args.memory_budget, seed=args.seed, progress=rank == 0)
     start = time.perf_counter()
@@ -91,6 +93,7 @@ def main() -> None:
         history = alacarte.fit(model, x_train, y_train, **fit_kwargs)
     seconds = time.perf_counter() - start
     pred = model.predict(x_test)
+    pred = type(pred)(*(t.cpu() for t in pred))
     rmse = float((pred.mean - torch.as_tensor(y_test)).pow(2).mean().sqrt())
     nlpd = float((0.5 * ((torch.as_tensor(y_test) - pred.mean) ** 2 / pred.observed_variance
                          + pred.observed_variance.log() + np.log(2 * np.pi))).mean())

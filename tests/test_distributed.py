@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import alacarte
+import alacarte.distributed
 from alacarte.streaming import ChunkedData, streamed_negative_mll
 from streaming_case import make_case
 
@@ -48,6 +49,13 @@ def _launch(scenario: str, tmp_path, ranks=(0, 1), world_size: int = 2, timeout:
 
 def _close(a, b, tol=1e-10):
     return torch.allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_shards_cover_the_rows_once():
+    for n, world in ((10, 3), (2, 2), (7, 1), (3, 5)):
+        shards = [alacarte.distributed.shard(n, rank, world) for rank in range(world)]
+        assert [i for s in shards for i in range(n)[s]] == list(range(n))
+        assert max(s.stop - s.start for s in shards) - min(s.stop - s.start for s in shards) <= 1
 
 
 def test_two_gloo_processes_equal_one_process(tmp_path):

@@ -171,6 +171,8 @@ def test_streaming_refuses_bad_input(tmp_path):
         alacarte.fit(ExactRBFGP(None, None, num_dims=3), x, y, chunk_size=10)
     with pytest.raises(ValueError, match="one-shot iterator"):
         alacarte.fit(model, ((x[i : i + 10], y[i : i + 10]) for i in range(0, 61, 10)))
+    with pytest.raises(ValueError, match="set y, chunk_size, memory_budget and statistics_dtype on it"):
+        alacarte.fit(model, ChunkedData(x, y), chunk_size=4)
     with pytest.raises(ValueError, match="chunk_size or memory_budget, not both"):
         ChunkedData(x, y, chunk_size=3, memory_budget=2**20)
     with pytest.raises(ValueError, match="y is required"):
