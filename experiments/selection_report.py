@@ -80,7 +80,7 @@ def main() -> None:
                 ours = f"{rmse.mean():.3f} ± {rmse.std(ddof=1) if len(rmse) > 1 else 0:.3f} ({len(rmse)})"
                 ratio = f"{rmse.mean() / ref[0]:.3f}" if ref else ""
                 exact, mass = "", ""
-                if m not in ("mean", "ridge"):
+                if m not in ("mean", "ridge") and problem in RELEVANT:
                     sel = [set(map(int, r["selected"].split())) for r in group]
                     exact = f"{np.mean([s == RELEVANT[problem] for s in sel]):.0%}"
                     masses = [np.array(r["relevance"].split(), float)[sorted(RELEVANT[problem])].sum()
@@ -109,7 +109,7 @@ def relevance_figure(cells) -> Path | None:
         return None
     panels = []
     for (problem, n, m), group in sorted(cells.items()):
-        if m not in ("srff", "gp-simplex-fsard", "rffnet"):
+        if m not in ("srff", "gp-simplex-fsard", "rffnet") or problem not in RELEVANT:
             continue
         vectors = [np.array(r["relevance"].split(), float) for r in group if r["relevance"]]
         if vectors:
