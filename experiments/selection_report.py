@@ -47,8 +47,11 @@ def main() -> None:
     for r in rows:
         cells[(r["problem"], int(r["n"]), r["method"])].append(r)
     lines = [
-        "`python experiments/selection_report.py` (rows from `python experiments/selection_benchmark.py "
-        "--problems ... --n ... --methods ... --reps 5`, the invocations listed under *Runs*)",
+        "`python experiments/selection_report.py`; rows from `python experiments/selection_benchmark.py` run as "
+        "`--problems se1 --n 1000 5000 --methods srff`, `--problems se2 --n 1000 5000 --methods srff`, "
+        "`--problems se1 se2 --n 1000 --methods gp-simplex-fsard gp-fsard`, "
+        "`--problems se1 se2 (se3) --n 1000 5000 10000 50000 --methods mean ridge lasso` (5 replications; "
+        "stopped when the session's time ran out: what is missing below was not run).",
         "",
         "# Variable selection: SRFF paper Tables 2–6 (and what the other selection runs add)",
         "",
@@ -118,7 +121,8 @@ def goals(cells, paper) -> list[str]:
         if ours and ref:
             best = min(ours, key=ours.get)
             verdict = "met" if ours[best] < ref[0] else "not met"
-            out.append(f"- best at 50k beats the paper, {problem.upper()}: {best} {ours[best]:.3f} vs {ref[0]:.3f} — {verdict}")
+            out.append(f"- best at 50k beats the paper, {problem.upper()}: {best} {ours[best]:.3f} vs {ref[0]:.3f} — {verdict}"
+                       f" (run at 50k: {', '.join(sorted(ours))})")
         else:
             out.append(f"- best at 50k beats the paper, {problem.upper()}: not run at n = 50,000")
     for (problem, n, m), g in sorted(cells.items()):

@@ -215,18 +215,25 @@ def test_relevance_of_plain_kernels_and_the_bar_plot(tmp_path):
     assert save_kernel_figure(simplex, tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def fit_simplex_gp(x, y, num_samples):
+    """A simplex-FSARD GP with a fixed, binding budget c = 1.5, trained by fit(); π checked on Δ."""
+    d = x.shape[1]
+    kernel = ac.FSARDKernel(d, num_samples, ard_num_dims=d, simplex=True, simplex_size=1.5,
+                            learn_simplex_size=False, seed=0).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False)
+    pi = kernel.simplex_weights.detach()
+    assert bool((pi >= 0).all()) and abs(float(pi.sum()) - 1.0) <= 1e-12
+    return model, kernel
+
+
 def test_a_simplex_gp_selects_exactly_the_relevant_inputs():
     """Trained by fit(), a simplex-FSARD GP puts exactly zero weight on the 8 irrelevant
     inputs of y = sin(2x₂) + cos(2x₇) and keeps π on the simplex to 1e-12."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((300, 10))
     y = np.sin(2 * x[:, 1]) + np.cos(2 * x[:, 6]) + 0.05 * rng.standard_normal(300)
-    kernel = ac.FSARDKernel(10, 32, ard_num_dims=10, simplex=True, simplex_size=1.5,
-                            learn_simplex_size=False, seed=0).double()
-    model = ac.FeatureGP(None, None, kernel).double()
-    ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False)
-    pi = kernel.simplex_weights.detach()
-    assert bool((pi >= 0).all()) and abs(float(pi.sum()) - 1.0) <= 1e-12
+    model, kernel = fit_simplex_gp(x, y, num_samples=32)
     assert kernel.selected().tolist() == [1, 6]
     assert model.predict(x[:50]).mean.sub(torch.as_tensor(y[:50])).pow(2).mean() < 0.1
 
@@ -246,12 +253,7 @@ def test_a_simplex_gp_selects_the_relevant_inputs_of_se2():
     from alacarte.datasets import make_se2
 
     x, y, relevant = make_se2(600, seed=0)
-    kernel = ac.FSARDKernel(100, 64, ard_num_dims=100, simplex=True, simplex_size=1.5,
-                            learn_simplex_size=False, seed=0).double()
-    model = ac.FeatureGP(None, None, kernel).double()
-    ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False)
-    pi = kernel.simplex_weights.detach()
-    assert bool((pi >= 0).all()) and abs(float(pi.sum()) - 1.0) <= 1e-12
+    _, kernel = fit_simplex_gp(x, y, num_samples=64)
     selected = set(kernel.selected().tolist())
     assert set(relevant) <= selected
     assert len(selected - set(relevant)) <= 10  # ≥ 85 of the 95 irrelevant inputs exactly zero
