@@ -26,7 +26,9 @@ def feature_model(d=3, m=64, seed=0):
 def test_public_surface_is_small():
     assert set(alacarte.__all__) == {
         "FeatureKernel", "FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "RandomFourierKernel",
-        "SSGPRKernel", "SpectralMixtureFastfoodKernel", "PiecewiseLinearRadialKernel", "FeatureGP", "ExactRBFGP", "WoodburyMarginalLogLikelihood", "fit", "AlaCarteRegressor", "load_uci",
+        "SSGPRKernel", "SpectralMixtureFastfoodKernel", "PiecewiseLinearRadialKernel", "FeatureGP", "ExactRBFGP",
+        "WoodburyMarginalLogLikelihood", "fit", "AlaCarteRegressor", "load_uci",
+        "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier", "DerivativeSelector",
     }
 
 
