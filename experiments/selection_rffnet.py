@@ -117,8 +117,9 @@ def run_se(replications: int, problems: set[str] | None) -> None:
                   f"lr={model.learning_rate} mu={model.alpha} epochs={model.n_epochs_} {seconds:.1f}s", flush=True)
 
 
-ROSASCO_GAMMAS = (0.1, 0.5)
-ROSASCO_TAUS = np.geomspace(1.0, 1e-3, 8)  # times std(y), from large to small (continuation)
+ROSASCO_GAMMAS = (0.05, 0.1, 0.2)  # the selection step's kernel (all six inputs: wide)
+REFIT_GAMMAS = (0.05, 0.1, 0.2, 0.5, 1.0)  # the GR refit's kernel (on the selected inputs)
+ROSASCO_TAUS = np.geomspace(1.0, 1e-3, 7)  # times std(y), from large to small (continuation)
 RIDGES = (1e-3, 1e-2, 1e-1, 1.0)
 
 
@@ -142,19 +143,19 @@ def run_rosasco(replications: int, problems: set[str] | None) -> None:
             best_alg1 = best_gr = None
             for gamma in ROSASCO_GAMMAS:
                 model = DerivativeSelector(gamma=gamma, mu=1e-4, refit=False, warm_start=True, tol=1e-5 * scale,
-                                           max_iter=3000, max_inner_iter=300)
+                                           max_iter=2000, max_inner_iter=300)
                 for tau in ROSASCO_TAUS * scale:
                     model.set_params(tau=tau, refit=False).fit(x, y)
-                    val = rmse(model.decision_function(xv), yv)
-                    state = (val, gamma, tau, model.decision_function(xs), model.selected_.copy(), model.relevance_.copy())
+                    val = rmse(model.predict_penalized(xv), yv)
+                    state = (val, gamma, tau, model.predict_penalized(xs), model.selected_.copy(), model.relevance_.copy())
                     if best_alg1 is None or val < best_alg1[0]:
                         best_alg1 = state
                     sel = model.selected_
-                    for ridge in RIDGES:
+                    for ridge, refit_gamma in [(r, g) for r in RIDGES for g in REFIT_GAMMAS]:
                         if len(sel) == 0:
                             pv, ps = np.full(len(yv), y.mean()), np.full(len(ys), y.mean())
                         else:
-                            kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=gamma).fit(x[:, sel], y - y.mean())
+                            kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=refit_gamma).fit(x[:, sel], y - y.mean())
                             pv, ps = kr.predict(xv[:, sel]) + y.mean(), kr.predict(xs[:, sel]) + y.mean()
                         val = rmse(pv, yv)
                         if best_gr is None or val < best_gr[0]:
@@ -167,7 +168,7 @@ def run_rosasco(replications: int, problems: set[str] | None) -> None:
             # references: Gaussian kernel ridge on all inputs, and the lasso; hyperparameters on validation
             t0 = time.perf_counter()
             best = None
-            for gamma in (0.02, 0.05, 0.1, 0.2, 0.5):
+            for gamma in (0.02,) + REFIT_GAMMAS:
                 for ridge in RIDGES:
                     kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=gamma).fit(x, y - y.mean())
                     val = rmse(kr.predict(xv) + y.mean(), yv)
