@@ -27,6 +27,7 @@ def test_public_surface_is_small():
     assert set(alacarte.__all__) == {
         "FeatureKernel", "FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "RandomFourierKernel",
         "SSGPRKernel", "SpectralMixtureFastfoodKernel", "PiecewiseLinearRadialKernel", "FeatureGP", "ExactRBFGP", "WoodburyMarginalLogLikelihood", "fit", "load_uci",
+        "RFFNetRegressor", "RFFNetClassifier", "DerivativeSelector",
     }
 
 
