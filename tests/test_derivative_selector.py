@@ -80,8 +80,8 @@ def test_algorithm_1_matches_a_direct_convex_solve():
     fresh = rng.uniform(-2, 2, (5, d))
     direct = DerivativeSelector(tau=tau, mu=mu, gamma=gamma, refit=False).fit(x, y)
     direct.dual_coef_, direct.derivative_coef_ = res.x[:n], res.x[n:m].reshape(n, d)
-    np.testing.assert_allclose(model.decision_function(fresh), direct.decision_function(fresh), atol=2e-5)
-    np.testing.assert_allclose(model.fitted_values_, model.decision_function(x), atol=1e-10)
+    np.testing.assert_allclose(model.predict_penalized(fresh), direct.predict_penalized(fresh), atol=2e-5)
+    np.testing.assert_allclose(model.fitted_values_, model.predict_penalized(x), atol=1e-10)
     # partial-derivative norms agree with autograd's
     np.testing.assert_allclose(model.derivative_norms_, np.sqrt(np.mean((derivs @ c_alg) ** 2, axis=1)), rtol=1e-9, atol=1e-12)
     # this τ switches the second input off (an exact zero at the optimum, ~tol after the iteration)
@@ -103,19 +103,23 @@ def test_objective_decreases_along_the_iterations():
     assert all(b <= a + 1e-12 for a, b in zip(objs, objs[1:]))
 
 
-def test_selects_the_two_relevant_inputs_of_f1():
-    data = rosasco_split("f1", seed=0)
-    x, y = data["train"]
-    model = DerivativeSelector(tau=5.0, gamma=0.1, refit_alpha=1e-3).fit(x, y)
-    np.testing.assert_array_equal(model.selected_, [0, 1])
-    xt, yt = data["test"]
-    refit_mse = np.mean((model.predict(xt) - yt) ** 2)
-    assert refit_mse < 0.2 * np.var(yt)
+def test_gr_refit_on_the_selected_inputs_predicts_well():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, (40, 4))
+    y = np.sin(1.5 * x[:, 0]) + 0.5 * x[:, 1] ** 2 + 0.05 * rng.standard_normal(40)
+    xt = rng.uniform(-2, 2, (200, 4))
+    yt = np.sin(1.5 * xt[:, 0]) + 0.5 * xt[:, 1] ** 2
+    model = DerivativeSelector(tau=0.1, gamma=0.2, refit_gamma=0.5, max_iter=1000).fit(x, y)
+    assert {0, 1} <= set(model.selected_)
+    assert model.relevance_[:2].min() > model.relevance_[2:].max()
+    assert np.mean((model.predict(xt) - yt) ** 2) < 0.15 * np.var(yt)
+    # the refit is kernel ridge on the selected columns
+    assert model.ridge_.n_features_in_ == len(model.selected_)
 
 
 def test_refuses_problems_that_would_not_fit_in_memory():
     x = np.zeros((2000, 50))
-    with pytest.raises(ValueError, match=r"needs about 74\.\d+ GiB for n=2000, d=50.*max_memory_bytes=2\.00 GiB"):
+    with pytest.raises(ValueError, match=r"needs about 153\.5\d GiB for n=2000, d=50.*max_memory_bytes=2\.00 GiB"):
         DerivativeSelector().fit(x, np.zeros(2000))
     with pytest.raises(ValueError, match="max_memory_bytes=0.00"):
         DerivativeSelector(max_memory_bytes=1000).fit(x[:10, :3], np.arange(10.0))
@@ -147,4 +151,4 @@ def test_rosasco_generators():
 
 
 def test_sklearn_estimator_checks():
-    check_estimator(DerivativeSelector(tau=1e-3, tol=1e-5, max_iter=200, max_inner_iter=100))
+    check_estimator(DerivativeSelector(tau=1e-6, tol=1e-5, max_iter=30, max_inner_iter=30))

@@ -108,6 +108,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         refit: predict with kernel ridge regression on the selected inputs
             (the paper's Alg1-GR); ``False`` predicts with the penalised f itself.
         refit_alpha: the ridge of that refit (sklearn ``KernelRidge(alpha=...)``).
+        refit_gamma: the refit's kernel parameter; ``None`` → ``gamma_``.  A
+            kernel on fewer inputs usually wants a narrower width.
         tol: the stopping tolerance of both loops (in the RKHS norm).
         max_iter, max_inner_iter: iteration caps of the outer and inner loops.
         max_memory_bytes: refuse problems whose (n·d)² matrices need more.
@@ -135,6 +137,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         threshold: float | None = None,
         refit: bool = True,
         refit_alpha: float = 1e-3,
+        refit_gamma: float | None = None,
         tol: float = 1e-6,
         max_iter: int = 5000,
         max_inner_iter: int = 1000,
@@ -147,6 +150,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.threshold = threshold
         self.refit = refit
         self.refit_alpha = refit_alpha
+        self.refit_gamma = refit_gamma
         self.tol = tol
         self.max_iter = max_iter
         self.max_inner_iter = max_inner_iter
@@ -160,7 +164,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
                 raise ValueError(f"{name} must be a finite positive number, got {v!r}")
         if not isinstance(self.mu, numbers.Real) or not math.isfinite(self.mu) or self.mu < 0:
             raise ValueError(f"mu must be a finite non-negative number, got {self.mu!r}")
-        for name in ("gamma", "threshold"):
+        for name in ("gamma", "threshold", "refit_gamma"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0):
                 raise ValueError(f"{name} must be None or a finite positive number, got {v!r}")
@@ -238,12 +242,13 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.selected_ = np.flatnonzero(n * self.derivative_norms_**2 > threshold)
         self.ridge_ = None
         if self.refit and len(self.selected_) > 0:
-            self.ridge_ = KernelRidge(alpha=self.refit_alpha, kernel="rbf", gamma=self.gamma_)
+            refit_gamma = self.gamma_ if self.refit_gamma is None else self.refit_gamma
+            self.ridge_ = KernelRidge(alpha=self.refit_alpha, kernel="rbf", gamma=refit_gamma)
             self.ridge_.fit(X[:, self.selected_], y - self.y_mean_)
         self.n_features_in_ = d
         return self
 
-    def decision_function(self, X) -> np.ndarray:
+    def predict_penalized(self, X) -> np.ndarray:
         """The penalised f itself (Alg1 without the refit), whatever ``refit`` says."""
         check_is_fitted(self, "dual_coef_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
@@ -257,7 +262,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     def predict(self, X) -> np.ndarray:
         check_is_fitted(self, "dual_coef_")
         if not self.refit:
-            return self.decision_function(X)
+            return self.predict_penalized(X)
         X = validate_data(self, X, reset=False, dtype=np.float64)
         if self.ridge_ is None:  # nothing selected: the mean
             return np.full(X.shape[0], self.y_mean_)
