@@ -1,7 +1,7 @@
 """alacarte: expressive GP kernels on Fastfood feature maps, with Woodbury likelihoods.
 
-Public surface: the kernels, the models, the marginal likelihood and the
-training entry point, the scikit-learn estimator and the dataset loader.  Building blocks live in the submodules
+Public surface: the kernels, the models, the marginal likelihood, the training
+entry point, the estimators and the dataset loader.  Building blocks live in the submodules
 (:mod:`alacarte.ops`, :mod:`alacarte.features`, :mod:`alacarte.woodbury`).
 """
 from .kernels import (
@@ -18,6 +18,7 @@ from .datasets import load_uci
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .regressor import AlaCarteRegressor
+from .selection import DerivativeSelector, RFFNetClassifier, RFFNetRegressor, SRFFRegressor
 from .training import fit
 
 __version__ = "0.1.0"
@@ -36,5 +37,9 @@ __all__ = [
     "WoodburyMarginalLogLikelihood",
     "fit",
     "AlaCarteRegressor",
+    "SRFFRegressor",
     "load_uci",
+    "RFFNetRegressor",
+    "RFFNetClassifier",
+    "DerivativeSelector",
 ]

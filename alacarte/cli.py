@@ -10,8 +10,10 @@
   deviation for every row, as CSV on stdout or ``--out``.
 * ``alacarte plot model.alacarte`` — a PNG of the learned spectrum and the input
   relevances (:mod:`alacarte.plotting`).
+* ``alacarte bench run|report ...`` — the resumable UCI benchmark and its report
+  beside the paper's Table 1 (:mod:`alacarte.benchmark`).
 
-Every command takes ``-q`` (no progress bars) and ``--json`` (machine-readable
+Every command but ``bench`` (whose CSV is its machine-readable output) takes ``-q`` (no progress bars) and ``--json`` (machine-readable
 output).  Errors — a missing file, a bad CSV, an unreadable model — end with
 exit status 2 and one line ``alacarte: error: ...`` on stderr.  A new command is
 one ``_add_<name>(commands, common)`` function listed in :data:`COMMANDS`.
@@ -284,7 +286,17 @@ def _add_plot(commands, common) -> None:
 
 
 #: The subcommands, in the order ``alacarte --help`` lists them.
-COMMANDS: list[Callable] = [_add_demo, _add_fit, _add_predict, _add_plot]
+def _add_bench(commands, common) -> None:
+    from .benchmark import add_arguments
+
+    cmd = commands.add_parser("bench", help="UCI benchmark: resumable runs and a report beside the paper's Table 1",
+                              description="Methods × UCI datasets × splits, one CSV row per cell; re-running "
+                                          "resumes. 'report' writes the markdown table.")
+    add_arguments(cmd)
+    cmd.set_defaults(run=lambda args: args.bench(args))
+
+
+COMMANDS: list[Callable] = [_add_demo, _add_fit, _add_predict, _add_plot, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

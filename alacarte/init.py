@@ -49,8 +49,16 @@ def pair_distances(x: Tensor, rng: np.random.Generator, num_pairs: int = _NUM_PA
 
 
 def _quantile(values: Tensor, q: float) -> Tensor:
-    positive = values.clamp_min(1e-6)
-    return torch.quantile(positive, q, dim=0)
+    """Per-column quantile of the non-zero distances.
+
+    Zeros are pairs that agree on a discrete column (a binary flag, a count that
+    is mostly 0); counting them would put the median at 0 and the lengthscale at
+    nothing.  A column with no non-zero distance (constant) gets 1, the scale of
+    standardised data.
+    """
+    nonzero = torch.where(values > 0, values, torch.full_like(values, math.nan))
+    quantile = torch.nanquantile(nonzero, q, dim=0)
+    return torch.where(torch.isnan(quantile), torch.ones_like(quantile), quantile)
 
 
 def _lengthscales(diffs: Tensor, q: float, ard: bool) -> Tensor:

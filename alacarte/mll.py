@@ -7,7 +7,7 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import Tensor
 
-from .woodbury import negative_log_marginal_likelihood, sufficient_statistics
+from .woodbury import SufficientStatistics, negative_log_marginal_likelihood, sufficient_statistics
 
 __all__ = ["WoodburyMarginalLogLikelihood", "homoskedastic_noise"]
 
@@ -55,7 +55,11 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
 
     def forward(self, function_dist: MultivariateNormal, target: Tensor, *params, **kwargs) -> Tensor:
         phi = feature_root(function_dist)
-        stats = sufficient_statistics(phi, target - function_dist.mean)
+        return self.from_statistics(sufficient_statistics(phi, target - function_dist.mean), *params)
+
+    def from_statistics(self, stats: SufficientStatistics, *params) -> Tensor:
+        """The same value from sufficient statistics ΦᵀΦ, Φᵀr, rᵀr, n (summed over chunks
+        or processes, see :mod:`alacarte.streaming`)."""
         res = -negative_log_marginal_likelihood(stats, homoskedastic_noise(self.likelihood))
         res = self._add_other_terms(res, params)
         return res.div_(stats.n)

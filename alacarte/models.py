@@ -25,6 +25,7 @@ from torch import Tensor
 from ._validation import as_tensor, check_inputs, check_positive_int, check_targets
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
+from .streaming import ChunkedData, streamed_statistics
 from .woodbury import WoodburyPosterior, sufficient_statistics
 
 __all__ = ["Prediction", "FeatureGP", "ExactRBFGP", "FunctionSamples"]
@@ -89,11 +90,17 @@ class _StandardizedGP(ExactGP):
         """Set the transformation from data (mean 0, std 1 per column) and apply it."""
         x_scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
         y_scale = y.std() if y.shape[0] > 1 else torch.ones_like(y[0])
-        self.input_offset.copy_(x.mean(0))
-        self.input_scale.copy_(torch.where(x_scale > 0, x_scale, torch.ones_like(x_scale)))
-        self.target_offset.copy_(y.mean())
-        self.target_scale.copy_(y_scale if y_scale > 0 else torch.ones_like(y_scale))
+        self.set_standardization(x.mean(0), x_scale, y.mean(), y_scale)
         return self.internal_inputs(x), (y - self.target_offset) / self.target_scale
+
+    @torch.no_grad()
+    def set_standardization(self, input_offset: Tensor, input_scale: Tensor, target_offset: Tensor,
+                            target_scale: Tensor) -> None:
+        """Set the affine transformation x ↦ (x − offset)/scale (constant columns keep scale 1)."""
+        self.input_offset.copy_(input_offset)
+        self.input_scale.copy_(torch.where(input_scale > 0, input_scale, torch.ones_like(input_scale)))
+        self.target_offset.copy_(target_offset)
+        self.target_scale.copy_(target_scale if target_scale > 0 else torch.ones_like(target_scale))
 
     def internal_inputs(self, x: Tensor) -> Tensor:
         return (x - self.input_offset) / self.input_scale
@@ -114,6 +121,9 @@ class _StandardizedGP(ExactGP):
         return contextlib.nullcontext()
 
     # -- prediction ---------------------------------------------------------------------
+    def _has_data(self) -> bool:
+        return self.train_inputs is not None
+
     def _chunk_rows(self) -> int:
         raise NotImplementedError
 
@@ -131,8 +141,11 @@ class _StandardizedGP(ExactGP):
             mean_only: skip the variances (cheaper).
             chunk_size: rows per chunk; default from a 32 MiB feature budget.
         """
-        if self.train_inputs is None:
-            raise ValueError("the model has no training data: call alacarte.fit(model, x, y) first")
+        if not self._has_data():
+            raise ValueError(
+                "the model has no training data: call alacarte.fit(model, x, y) (or, for a FeatureGP, "
+                "model.cache_posterior(x, y)) first"
+            )
         x, _ = self.check_data(x)
         if chunk_size is not None:
             check_positive_int(chunk_size, "chunk_size")
@@ -200,9 +213,17 @@ class FeatureGP(_StandardizedGP):
         self._posterior = None
         return super().set_train_data(inputs, targets, strict)
 
+    def _has_data(self) -> bool:
+        return self.train_inputs is not None or self._posterior is not None
+
     def posterior(self) -> WoodburyPosterior:
         """The weight posterior for the current training data and parameters (cached in eval mode)."""
         if self._posterior is None or self.training:
+            if self.train_inputs is None:
+                raise ValueError(
+                    "the model holds no training data (it was fitted on streamed data, and the posterior "
+                    "streamed then is gone after model.train()): call model.cache_posterior(x, y) or alacarte.fit"
+                )
             (x,) = self.train_inputs
             phi = self.covar_module.features(x)
             stats = sufficient_statistics(phi, self.train_targets - self.mean_module(x))
@@ -210,6 +231,31 @@ class FeatureGP(_StandardizedGP):
             if self.training:
                 return posterior
             self._posterior = posterior
+        return self._posterior
+
+    @torch.no_grad()
+    def cache_posterior(self, x, y=None, *, chunk_size: int | None = None, memory_budget: int | None = None,
+                        statistics_dtype: torch.dtype | None = None) -> WoodburyPosterior:
+        """Condition on data streamed in chunks and keep the posterior for prediction.
+
+        The data (original units; arrays, memory-mapped arrays or a re-iterable
+        of (x, y) chunks, as for :func:`alacarte.fit`) is read once to sum
+        ΦᵀΦ, Φᵀr, rᵀr and n (:func:`alacarte.streaming.streamed_statistics`);
+        the training features are never held.  The model is put in eval mode
+        and drops any training tensors it held, so :meth:`predict` and
+        :meth:`sample_functions` use this posterior until the next training.
+
+        Example:
+            >>> model.cache_posterior(np.load("x.npy", mmap_mode="r"), np.load("y.npy", mmap_mode="r"))
+            >>> model.predict(x_test).mean
+        """
+        data = x if isinstance(x, ChunkedData) else ChunkedData(
+            x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype
+        )
+        self.eval()
+        stats = streamed_statistics(self, data)
+        self.train_inputs, self.train_targets = None, None
+        self._posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
         return self._posterior
 
     def __call__(self, *args, **kwargs):
@@ -244,8 +290,11 @@ class FeatureGP(_StandardizedGP):
             >>> draws(x_test).shape      # (16, len(x_test)), original units
         """
         check_positive_int(num_samples, "num_samples")
-        if self.train_inputs is None:
-            raise ValueError("the model has no training data: call alacarte.fit(model, x, y) first")
+        if not self._has_data():
+            raise ValueError(
+                "the model has no training data: call alacarte.fit(model, x, y) (or, for a FeatureGP, "
+                "model.cache_posterior(x, y)) first"
+            )
         was_training = self.training
         self.eval()
         posterior = self.posterior()

@@ -8,7 +8,8 @@ when a picture is drawn.
 * PWL: the radial density Σ_c π_c hat_c(r);
 * FSARD / FSGBARD / Fastfood RBF: histogram of the radii against the χ_p
   density they were drawn from;
-* relevances: inverse lengthscales (GM: Σ_q w_q σ_qj; SSGPR: RMS frequency per
+* relevances: ``kernel.relevance`` — π for simplex-ARD kernels, else inverse
+  lengthscales (GM: Σ_q w_q σ_qj; SSGPR: RMS frequency per
   input), normalised to sum to one.
 """
 from __future__ import annotations
@@ -25,7 +26,6 @@ from .kernels import (
     FeatureKernel,
     PiecewiseLinearRadialKernel,
     SpectralMixtureFastfoodKernel,
-    SSGPRKernel,
 )
 
 __all__ = ["relevance", "plot_spectrum", "plot_relevance", "save_kernel_figure"]
@@ -49,18 +49,12 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def relevance(kernel: FeatureKernel) -> np.ndarray:
-    """Relative importance of each input dimension (non-negative, sums to one)."""
-    if isinstance(kernel, SpectralMixtureFastfoodKernel):
-        raw = (_numpy(kernel.weights)[:, None] * _numpy(kernel.scales)).sum(0)
-    elif isinstance(kernel, SSGPRKernel):
-        raw = np.sqrt((_numpy(kernel.frequencies) ** 2).mean(0))
-    elif kernel.has_lengthscale:
-        raw = np.broadcast_to(1.0 / _numpy(kernel.lengthscale).reshape(-1), (kernel.num_dims,)).copy()
-    else:
-        raise ValueError(f"no relevance is defined for {type(kernel).__name__}")
+    """Relative importance of each input dimension (non-negative, sums to one): ``kernel.relevance``.
+
+    π for simplex-ARD kernels (exact zeros for dropped inputs)."""
     if len(kernel.batch_shape):
         raise ValueError("relevance supports kernels without batch_shape")
-    return raw / raw.sum()
+    return _numpy(kernel.relevance)
 
 
 def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None):

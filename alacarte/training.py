@@ -17,6 +17,8 @@ from ._validation import check_positive_int
 from .init import initialize
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
+from .selection.simplex import SimplexStep
+from .streaming import ChunkedData, is_streamed_input, streamed_negative_mll
 from .woodbury import NotPositiveDefiniteError, collect_jitter
 
 __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
@@ -51,11 +53,23 @@ def marginal_log_likelihood(model):
     return gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
 
 
+def _negative_mll(model, x, y, backward: bool):
+    """The loss per point; with ``backward`` the parameters' ``.grad`` are set.  ``x`` is
+    the internal training inputs, or a :class:`ChunkedData` (then ``y`` is ``None``)."""
+    if isinstance(x, ChunkedData):
+        return streamed_negative_mll(model, x, backward=backward)
+    loss = -marginal_log_likelihood(model)(model(x), y)
+    if backward:
+        loss.backward()
+    return loss
+
+
 def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, bar) -> tuple[list[float], bool]:
     """Run the optimiser from the model's current state; returns (losses, converged)."""
     model.train()
-    mll = marginal_log_likelihood(model)
-    params = [p for p in model.parameters() if p.requires_grad]
+    # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
+    simplex = SimplexStep(model)
+    params = [p for p in model.parameters() if p.requires_grad and not simplex.owns(p)]
     if optimizer == "lbfgs":
         opt = torch.optim.LBFGS(params, lr=lr or 1.0, max_iter=1, history_size=20, line_search_fn="strong_wolfe")
     else:
@@ -63,9 +77,7 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
 
     def closure():
         opt.zero_grad()
-        loss = -mll(model(x), y)
-        loss.backward()
-        return loss
+        return _negative_mll(model, x, y, backward=True)
 
     losses: list[float] = []
     calm = 0
@@ -74,6 +86,8 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
         for _ in range(max_iter):
             try:
                 loss = float(opt.step(closure).detach())
+                if simplex:
+                    simplex.step(lambda: _negative_mll(model, x, y, backward=False))
             except (NotPSDError, NotPositiveDefiniteError):
                 loss = math.nan
             if not math.isfinite(loss):
@@ -108,13 +122,13 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
 def _current_loss(model, x, y) -> float:
     model.train()
     with model.inference_settings():
-        return float(-marginal_log_likelihood(model)(model(x), y))
+        return float(_negative_mll(model, x, y, backward=False))
 
 
 def fit(
     model: FeatureGP | ExactRBFGP,
     x,
-    y,
+    y=None,
     *,
     optimizer: str = "lbfgs",
     max_iter: int = 100,
@@ -125,6 +139,9 @@ def fit(
     standardize: bool = True,
     seed: int | None = 0,
     progress: bool = True,
+    chunk_size: int | None = None,
+    memory_budget: int | None = None,
+    statistics_dtype: torch.dtype | None = None,
 ) -> FitHistory:
     """Fit a GP's hyperparameters by maximising its marginal likelihood.
 
@@ -137,9 +154,21 @@ def fit(
     optimised for ``max_iter`` more.  ``restarts=0`` trains from the model's
     current hyperparameters as they are.
 
+    **Streamed training** (:class:`~alacarte.FeatureGP` only).  Given a
+    memory-mapped array (``np.load(path, mmap_mode="r")``), a re-iterable of
+    ``(x, y)`` chunks (a ``DataLoader``; ``y=None``), a
+    :class:`~alacarte.streaming.ChunkedData`, or any of ``chunk_size``,
+    ``memory_budget``, ``statistics_dtype``, the likelihood and its exact
+    gradient are streamed over chunks of rows (:mod:`alacarte.streaming`):
+    memory O(chunk·D + D²) whatever n, and neither the rows nor their features
+    are held.  Column means and standard deviations are streamed too; restarts
+    initialise from the first 10 000 rows; the posterior for prediction is
+    streamed at the end.  For several processes see :mod:`alacarte.distributed`.
+
     Args:
         model: a :class:`~alacarte.FeatureGP` or :class:`~alacarte.ExactRBFGP`.
-        x, y: training data, (n, d) and (n,), tensors or arrays.
+        x, y: training data, (n, d) and (n,), tensors or (memory-mapped) arrays;
+            or ``x`` a re-iterable of ``(x, y)`` chunks and ``y=None``.
         optimizer: ``"lbfgs"`` (strong-Wolfe line search; the default) or ``"adam"``.
         max_iter: iterations of the final optimisation.
         restarts: number of random initialisations to try (0: none).
@@ -150,6 +179,12 @@ def fit(
         standardize: standardise inputs and targets (recommended).
         seed: seeds the restarts and torch's generator, for bit-for-bit reproducible fits.
         progress: show a progress bar.
+        chunk_size: rows per chunk of the streamed likelihood.
+        memory_budget: bytes one streamed evaluation may take (default 256 MiB;
+            sets the chunk size; give this or ``chunk_size``).
+        statistics_dtype: accumulate ΦᵀΦ, Φᵀr, rᵀr and the loss in this dtype,
+            e.g. ``torch.float64`` for a float32 model: float32 features with
+            float64 accuracy of the likelihood.
 
     Returns:
         The :class:`FitHistory`; the model is left in eval mode.
@@ -169,17 +204,44 @@ def fit(
         check_positive_int(restart_iter, "restart_iter")
     if lr is not None and not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a positive finite number, got {lr!r}")
-    x, y = model.check_data(x, y)
+    streamed = is_streamed_input(x, y, chunk_size, memory_budget, statistics_dtype)
+    if streamed:
+        if not isinstance(model, FeatureGP):
+            raise ValueError(
+                f"{type(model).__name__} needs all rows in memory (its likelihood is O(n²) and does not "
+                "decompose into sums over rows): streamed input, chunk_size, memory_budget and "
+                "statistics_dtype are for FeatureGP"
+            )
+        if SimplexStep(model):
+            raise ValueError(
+                "simplex-ARD kernels train by projected gradient on the in-memory likelihood; streamed input "
+                "(chunk_size, memory_budget, memory-mapped or chunked data) is not supported for them yet"
+            )
+        data = x if isinstance(x, ChunkedData) else ChunkedData(
+            x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype
+        )
+    elif y is None:
+        raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
+    else:
+        x, y = model.check_data(x, y)
     if seed is not None:
         torch.manual_seed(seed)
-    if standardize:
+    if standardize and streamed:
+        model.set_standardization(*data.moments(model))
+    elif standardize:
         x, y = model.standardize(x, y)
     else:
         for name in ("input_offset", "target_offset"):
             getattr(model, name).zero_()
         for name in ("input_scale", "target_scale"):
             getattr(model, name).fill_(1.0)
-    model.set_train_data(x, y, strict=False)
+    if streamed:
+        model.train_inputs, model.train_targets = None, None
+        initial_data = data.sample(model) if restarts else None
+        x, y = data, None
+    else:
+        model.set_train_data(x, y, strict=False)
+        initial_data = (x, y)
 
     history = FitHistory(optimizer=optimizer)
     start = time.perf_counter()
@@ -191,7 +253,9 @@ def fit(
             best_state = None
             for restart in range(restarts):
                 model.load_state_dict(initial)
-                initialize(model, x, y, rng, restart)
+                initialize(model, *initial_data, rng, restart)
+                if streamed:  # every process continues from rank 0's initial values
+                    data.broadcast_state_(model)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # a restart that fails is just not chosen
                     _optimize(model, x, y, optimizer, restart_iter, lr, tolerance, bar)
@@ -215,4 +279,6 @@ def fit(
             stacklevel=2,
         )
     model.eval()
+    if streamed:
+        model.cache_posterior(data)
     return history

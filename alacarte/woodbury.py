@@ -27,6 +27,7 @@ __all__ = [
     "NotPositiveDefiniteError",
     "SufficientStatistics",
     "sufficient_statistics",
+    "statistics_adjoint",
     "negative_log_marginal_likelihood",
     "cholesky_with_jitter",
     "collect_jitter",
@@ -74,27 +75,50 @@ class _GramAndProjection(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_gram: Tensor | None, grad_phi_r: Tensor | None):  # noqa: D102
         phi, r = ctx.saved_tensors
-        grad_phi = grad_r = None
-        if grad_gram is not None:
-            sym = grad_gram + grad_gram.transpose(-1, -2)
-            routines = _blas_routines(phi)
-            if routines is None:
-                grad_phi = phi @ sym
-            else:
-                _, symm = routines
-                # (S Φᵀ) as a Fortran-ordered D×n matrix is Φ S in C order.
-                out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=0)
-                grad_phi = torch.from_numpy(out.T)
-        if grad_phi_r is not None:
-            if grad_phi is None:
-                grad_phi = r.unsqueeze(-1) * grad_phi_r.unsqueeze(-2)
-            elif phi.dim() == 2:
-                grad_phi.addr_(r, grad_phi_r)  # in place: no n×D temporary
-            else:
-                grad_phi = grad_phi + r.unsqueeze(-1) * grad_phi_r.unsqueeze(-2)
-            if ctx.needs_input_grad[1]:
-                grad_r = (phi @ grad_phi_r.unsqueeze(-1)).squeeze(-1)
-        return grad_phi, grad_r
+        return statistics_adjoint(phi, r, grad_gram, grad_phi_r, None, need_grad_r=ctx.needs_input_grad[1])
+
+
+def statistics_adjoint(
+    phi: Tensor,
+    r: Tensor,
+    grad_gram: Tensor | None,
+    grad_phi_r: Tensor | None,
+    grad_r_r: Tensor | None,
+    need_grad_r: bool = True,
+) -> tuple[Tensor | None, Tensor | None]:
+    """Back-propagate adjoints of (ΦᵀΦ, Φᵀr, rᵀr) to the rows that produced them (MATH.md §4):
+
+        ∂L/∂Φ = Φ(Ā + Āᵀ) + r b̄ᵀ,      ∂L/∂r = 2c̄ r + Φ b̄,
+
+    with Ā = ``grad_gram``, b̄ = ``grad_phi_r``, c̄ = ``grad_r_r`` (any may be
+    ``None``).  A sum over rows, so it applies to any chunk of rows on its own:
+    the streamed likelihood calls it once per chunk.  On the CPU the product
+    with the symmetric Ā + Āᵀ runs as BLAS ``symm``.
+    """
+    grad_phi = grad_r = None
+    if grad_gram is not None:
+        sym = grad_gram + grad_gram.transpose(-1, -2)
+        routines = _blas_routines(phi)
+        if routines is None:
+            grad_phi = phi @ sym
+        else:
+            _, symm = routines
+            # (S Φᵀ) as a Fortran-ordered D×n matrix is Φ S in C order.
+            out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=0)
+            grad_phi = torch.from_numpy(out.T)
+    if grad_phi_r is not None:
+        if grad_phi is None:
+            grad_phi = r.unsqueeze(-1) * grad_phi_r.unsqueeze(-2)
+        elif phi.dim() == 2:
+            grad_phi.addr_(r, grad_phi_r)  # in place: no n×D temporary
+        else:
+            grad_phi = grad_phi + r.unsqueeze(-1) * grad_phi_r.unsqueeze(-2)
+        if need_grad_r:
+            grad_r = (phi @ grad_phi_r.unsqueeze(-1)).squeeze(-1)
+    if grad_r_r is not None and need_grad_r:
+        term = 2 * grad_r_r.unsqueeze(-1) * r
+        grad_r = term if grad_r is None else grad_r + term
+    return grad_phi, grad_r
 
 
 @dataclass
@@ -226,13 +250,18 @@ class WoodburyPosterior:
         return posterior
 
     def whiten(self, phi_star: Tensor) -> Tensor:
-        """σ L⁻¹φ* for every row: (..., m, D) → (..., m, D); ‖row‖² is var f*."""
-        solved = torch.linalg.solve_triangular(self.cholesky, phi_star.transpose(-1, -2), upper=False)
-        return solved.transpose(-1, -2) * self.noise.sqrt()[..., None, None]
+        """σ L⁻¹φ* for every row: (..., m, D) → (..., m, D); ‖row‖² is var f*.
+
+        Computed in the posterior's dtype (e.g. float64 statistics of a float32
+        model) and returned in the dtype of ``phi_star``."""
+        solved = torch.linalg.solve_triangular(
+            self.cholesky, phi_star.to(self.cholesky.dtype).transpose(-1, -2), upper=False
+        )
+        return (solved.transpose(-1, -2) * self.noise.sqrt()[..., None, None]).to(phi_star.dtype)
 
     def mean(self, phi_star: Tensor) -> Tensor:
         """φ*ᵀA⁻¹Φᵀr (without the prior mean μ): (..., m, D) → (..., m)."""
-        return (phi_star @ self.weights.unsqueeze(-1)).squeeze(-1)
+        return (phi_star.to(self.weights.dtype) @ self.weights.unsqueeze(-1)).squeeze(-1).to(phi_star.dtype)
 
     def latent_variance(self, phi_star: Tensor) -> Tensor:
         """var f* = σ²‖L⁻¹φ*‖²: (..., m, D) → (..., m)."""

@@ -40,8 +40,6 @@ def test_clear_errors(tmp_path, monkeypatch):
     monkeypatch.delenv("ALACARTE_DATA", raising=False)
     with pytest.raises(ValueError, match="unknown UCI dataset 'nope'"):
         load_uci("nope", 0, tmp_path)
-    with pytest.raises(ValueError, match="no UCI data directory"):
-        load_uci("yacht", 0)
     with pytest.raises(ValueError, match="does not exist"):
         load_uci("yacht", 0, tmp_path / "missing")
     with pytest.raises(ValueError, match="missing UCI file"):
@@ -60,3 +58,37 @@ def test_damaged_file_is_an_error(tmp_path, damage):
     path.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="damaged"):
         load_uci("servo", 0, tmp_path)
+
+
+@needs_data
+def test_download_into_cache_is_checksummed(tmp_path, monkeypatch):
+    """Without a data folder, missing files are fetched into the user cache, checked, then read."""
+    monkeypatch.delenv("ALACARTE_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("ALACARTE_UCI_URL", SHARED.as_uri())  # the same files, served by file://
+    fetched = load_uci("servo", 2)
+    reference = load_uci("servo", 2, SHARED)
+    assert np.array_equal(fetched.x_train, reference.x_train) and np.array_equal(fetched.y_test, reference.y_test)
+    assert sorted(p.name for p in (tmp_path / "cache" / "alacarte" / "uci" / "servo").iterdir()) == [
+        "data.csv.gz", "test_mask.csv.gz"]
+
+
+@needs_data
+def test_download_with_wrong_checksum_writes_nothing(tmp_path, monkeypatch):
+    mirror = tmp_path / "mirror"
+    shutil.copytree(SHARED / "machine", mirror / "machine")
+    (mirror / "machine" / "data.csv.gz").write_bytes(b"not the data")
+    monkeypatch.delenv("ALACARTE_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("ALACARTE_UCI_URL", mirror.as_uri())
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        load_uci("machine", 0)
+    assert not (tmp_path / "cache" / "alacarte" / "uci" / "machine" / "data.csv.gz").exists()
+
+
+def test_download_without_network_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.delenv("ALACARTE_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("ALACARTE_UCI_URL", "http://127.0.0.1:9")  # the discard port: connection refused
+    with pytest.raises(ValueError, match="could not be downloaded.*ALACARTE_DATA"):
+        load_uci("challenger", 0)

@@ -38,3 +38,32 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     report = subprocess.run([sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "report", "--csv",
                              str(whole)], check=True, capture_output=True, text=True, timeout=60).stdout
     assert "| yacht |" in report and "0.13 ± 0.06" in report  # the paper's FSARD value beside ours
+    assert "**datasets won** (ours)" in report and "within 10% on" in report
+
+
+def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path):
+    path, one_cell = tmp_path / "budget.csv", ["--datasets", "servo", "--methods", "exact-ard"]
+    out = run(path, *one_cell, "--time-budget", "0.5")  # not even the imports fit in half a second
+    assert "0 cells done, 1 to run" in out
+    with open(path, newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    assert row["status"] == "timeout" and row["rmse"] == ""
+    assert "1 cells done, 0 to run" in run(path, *one_cell)
+
+
+def test_alacarte_bench_command(tmp_path, capsys):
+    from alacarte.benchmark import FIELDS, append_row
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    for split, rmse in enumerate([0.12, 0.10]):
+        append_row(path, {"dataset": "yacht", "split": split, "method": "gm", "model": "gm", "status": "ok",
+                          "rmse": rmse, "nlpd": 0.0, "train_seconds": 3.0, "peak_rss_mb": 300.0, "n_train": 277,
+                          "d": 6, "num_features": 1024, "components": 2, "restarts": 5, "max_iter": 100,
+                          "seed": split, "version": "0"})
+    assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "| yacht | 277 | **0.11 ± 0.01 [2]**" in text  # beats the paper's GM 0.13, so it is the row's best
+    assert "0.13 ± 0.08" in text and set(FIELDS) >= {"status", "model"}
+    assert main(["bench", "run", "--datasets", "yacht", "--methods", "nope", "--csv", str(path)]) == 2
+    assert "unknown method" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Synthetic regression problems from the SRFF paper (MATH.md §8).
+"""Synthetic regression problems from the SRFF paper and Rosasco et al. (MATH.md §8).
 
 Each generator returns ``(x, y, relevant)``: inputs (n, d), targets (n,) and
 the 0-based indices of the inputs the target depends on.  Draws are
@@ -10,7 +10,7 @@ import numpy as np
 
 from .._validation import check_positive_int
 
-__all__ = ["make_se1", "make_se2", "make_se3"]
+__all__ = ["make_se1", "make_se2", "make_se3", "make_rosasco", "rosasco_split"]
 
 
 def make_se1(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
@@ -41,3 +41,53 @@ def make_se3(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, 
     r2 = z[:, 0] ** 2 + z[:, 1] ** 2
     y = 10 * r2 * np.exp(-2 * r2) + 0.01 * rng.standard_normal(n)
     return x, y, tuple(range(10))
+
+
+# Rosasco et al. (2010), §4.1: x uniform on [−3, 3]⁶, only x₁ and x₂ matter.
+_ROSASCO_FUNCTIONS = {
+    "f1": lambda a, b: (a**4 - a**2) * (3 + b),
+    "f2": lambda a, b: 2 * (a**3 - a) * (2 * b - 1) * (b + 1) + (b**3 - b + 3),
+    "f3": lambda a, b: -2 * (2 * a**2 - 1) * b * np.exp(-(a**2) - b**2),
+}
+# E|f(x)| over the domain, by 2-D adaptive quadrature (tests recompute them).
+ROSASCO_MEAN_ABS = {"f1": 39.8666666667, "f2": 59.972864355, "f3": 0.0952542049740}
+
+
+def make_rosasco(
+    function: str, n: int, seed: int = 0, noise_fraction: float = 0.01
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """Rosasco et al. (2010) f1, f2 or f3 on x ~ U[−3, 3]⁶ (d = 6, relevant x₁, x₂):
+
+        f1 = (x₁⁴ − x₁²)(3 + x₂)
+        f2 = 2(x₁³ − x₁)(2x₂ − 1)(x₂ + 1) + (x₂³ − x₂ + 3)
+        f3 = −2(2x₁² − 1)·x₂·exp(−x₁² − x₂²)
+
+    plus Gaussian noise whose variance is ``noise_fraction`` times the average
+    output magnitude E|f| over the domain (the paper: "a small fraction of the
+    average output"; it gives no number, 1% is our choice)."""
+    if function not in _ROSASCO_FUNCTIONS:
+        raise ValueError(f"function must be one of {sorted(_ROSASCO_FUNCTIONS)}, got {function!r}")
+    check_positive_int(n, "n")
+    if not noise_fraction >= 0:
+        raise ValueError(f"noise_fraction must be non-negative, got {noise_fraction!r}")
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-3.0, 3.0, (n, 6))
+    noise_std = np.sqrt(noise_fraction * ROSASCO_MEAN_ABS[function])
+    y = _ROSASCO_FUNCTIONS[function](x[:, 0], x[:, 1]) + noise_std * rng.standard_normal(n)
+    return x, y, (0, 1)
+
+
+def rosasco_split(function: str, seed: int = 0, n_train: int = 80, n_validation: int = 200, n_test: int = 200,
+                  noise_fraction: float = 0.01) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The paper's protocol: independent train (80), validation (200) and test
+    (200) sets; returns ``{"train": (x, y), "validation": ..., "test": ...}``.
+    The test set depends only on ``function`` (the paper keeps it fixed across
+    replications); train and validation sets change with ``seed``."""
+    offset = {"f1": 0, "f2": 1, "f3": 2}.get(function, 0)
+    x_test, y_test, _ = make_rosasco(function, n_test, seed=10_000 + offset, noise_fraction=noise_fraction)
+    x, y, _ = make_rosasco(function, n_train + n_validation, seed=seed, noise_fraction=noise_fraction)
+    return {
+        "train": (x[:n_train], y[:n_train]),
+        "validation": (x[n_train:], y[n_train:]),
+        "test": (x_test, y_test),
+    }

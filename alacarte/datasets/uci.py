@@ -7,7 +7,11 @@ points).  Every file is checked against the SHA-256 in ``uci_registry.json``
 before it is parsed, so a truncated or damaged file is an error, never a
 wrong dataset.
 
-The data directory is the ``data_dir`` argument, else ``$ALACARTE_DATA``.
+The data directory is the ``data_dir`` argument, else ``$ALACARTE_DATA``, else a
+user cache directory (``$XDG_CACHE_HOME/alacarte/uci``, by default
+``~/.cache/alacarte/uci``) into which missing files are downloaded from the
+public collection (``$ALACARTE_UCI_URL`` overrides its address) and checked
+against the same checksums before they are kept.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ import hashlib
 import io
 import json
 import os
+import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +33,9 @@ __all__ = ["UCISplit", "load_uci", "list_uci", "UCI_NUM_SPLITS"]
 
 UCI_NUM_SPLITS = 10
 ENV_VAR = "ALACARTE_DATA"
+URL_ENV_VAR = "ALACARTE_UCI_URL"
+PUBLIC_URL = "https://github.com/treforevans/uci_datasets/raw/master/uci_datasets"
+_FILES = ("data.csv.gz", "test_mask.csv.gz")
 
 # The paper's names (Table 1) → folder names.
 PAPER_NAMES = {
@@ -73,17 +83,54 @@ def list_uci() -> dict[str, tuple[int, int]]:
     return {name: (entry["n"], entry["d"]) for name, entry in sorted(_registry().items())}
 
 
-def _data_dir(data_dir: str | os.PathLike | None) -> Path:
+def cache_dir() -> Path:
+    """Where downloaded datasets are kept: ``$XDG_CACHE_HOME/alacarte/uci`` (default ``~/.cache``)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "alacarte" / "uci"
+
+
+def _data_dir(data_dir: str | os.PathLike | None) -> tuple[Path, bool]:
+    """The data folder and whether missing files may be downloaded into it (the cache only)."""
     chosen = data_dir if data_dir is not None else os.environ.get(ENV_VAR)
     if chosen is None:
-        raise ValueError(
-            f"no UCI data directory: pass data_dir=... or set ${ENV_VAR} to a folder in the "
-            "treforevans/uci_datasets layout (one folder per dataset with data.csv.gz and test_mask.csv.gz)"
-        )
+        return cache_dir(), True
     path = Path(chosen).expanduser()
     if not path.is_dir():
-        raise ValueError(f"UCI data directory {str(path)!r} does not exist or is not a directory")
-    return path
+        source = "data_dir" if data_dir is not None else f"${ENV_VAR}"
+        raise ValueError(f"UCI data directory {str(path)!r} (from {source}) does not exist or is not a directory")
+    return path, False
+
+
+def _download(folder: str, filename: str, target: Path, sha256: str) -> None:
+    """Fetch one file into ``target``, kept only if its checksum matches (atomic rename)."""
+    base = os.environ.get(URL_ENV_VAR, PUBLIC_URL).rstrip("/")
+    url = f"{base}/{folder}/{filename}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            raw = response.read()
+    except (urllib.error.URLError, OSError) as err:
+        raise ValueError(
+            f"UCI dataset {folder!r} is not in the cache {str(target.parent.parent)!r} and could not be "
+            f"downloaded from {url} ({err}). Without a network, point data_dir= or ${ENV_VAR} at a folder "
+            "that holds the files"
+        ) from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != sha256:
+        raise ValueError(
+            f"the download of {url} does not match its checksum (sha256 {digest[:12]}…, expected "
+            f"{sha256[:12]}…); nothing was written to the cache"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{filename}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _read_checked(path: Path, sha256: str) -> np.ndarray:
@@ -101,9 +148,13 @@ def _read_checked(path: Path, sha256: str) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_arrays(folder: str, directory: str) -> tuple[np.ndarray, np.ndarray]:
+def _load_arrays(folder: str, directory: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
     entry = _registry()[folder]
     base = Path(directory) / folder
+    if download:
+        for filename in _FILES:
+            if not (base / filename).is_file():
+                _download(folder, filename, base / filename, entry[filename])
     data = _read_checked(base / "data.csv.gz", entry["data.csv.gz"])
     masks = _read_checked(base / "test_mask.csv.gz", entry["test_mask.csv.gz"]).astype(bool)
     data.flags.writeable = False
@@ -117,7 +168,8 @@ def load_uci(name: str, split: int, data_dir: str | os.PathLike | None = None) -
     Args:
         name: a folder name (``"kin40k"``) or the paper's name (``"Pole Tele"``).
         split: 0 … 9, the paper's standard splits.
-        data_dir: the data folder; default ``$ALACARTE_DATA``.
+        data_dir: the data folder; default ``$ALACARTE_DATA``, else the user cache
+            (:func:`cache_dir`), downloading and checksumming missing files.
 
     Example:
         >>> s = load_uci("yacht", 0, "../shared/uci")
@@ -127,7 +179,8 @@ def load_uci(name: str, split: int, data_dir: str | os.PathLike | None = None) -
     folder = canonical_name(name)
     if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 0 <= split < UCI_NUM_SPLITS:
         raise ValueError(f"split must be an integer in 0..{UCI_NUM_SPLITS - 1}, got {split!r}")
-    data, masks = _load_arrays(folder, str(_data_dir(data_dir).resolve()))
+    directory, download = _data_dir(data_dir)
+    data, masks = _load_arrays(folder, str(directory.resolve()), download)
     test = masks[:, split]
     x, y = data[:, :-1], data[:, -1]
     return UCISplit(folder, int(split), x[~test].copy(), y[~test].copy(), x[test].copy(), y[test].copy())

@@ -1,6 +1,8 @@
 """The base class of every explicit-feature kernel."""
 from __future__ import annotations
 
+import math
+
 import torch
 from gpytorch.constraints import Interval, Positive
 from gpytorch.kernels import Kernel
@@ -10,6 +12,7 @@ from torch import Tensor
 
 from .._validation import check_positive_int
 from ..features.fourier import fourier_features
+from ..selection.simplex import project_to_simplex
 from ._params import ConstrainedParameter, register_constrained_parameter
 
 __all__ = ["FeatureKernel", "MixtureFeatureKernel"]
@@ -37,8 +40,22 @@ class FeatureKernel(Kernel):
     features, so ``k(x, x) = σ_f²`` exactly and the Woodbury likelihood needs
     nothing but :math:`\Phi`.  Do not wrap these kernels in a ``ScaleKernel``.
 
-    Subclasses implement :meth:`projection` (the n×M matrix :math:`X\Omega^\top`)
-    and may override :meth:`feature_scale` and :meth:`prior_variance`.
+    Subclasses implement :meth:`projection` (the n×M matrix :math:`X\Omega^\top`),
+    applying lengthscales through :meth:`scale_inputs`, and may override
+    :meth:`feature_scale` and :meth:`prior_variance`.
+
+    **Simplex ARD** (``simplex=True``, kernels with lengthscales; SRFF,
+    Gregorová et al. 2018): the inverse lengthscales are
+    :math:`\gamma = c\,\pi` with :math:`\pi` on the probability simplex
+    (``simplex_weights``, exact zeros allowed: the input is multiplied by
+    :math:`\gamma`, so a zero switches the variable off) and :math:`c > 0` the
+    simplex size (``simplex_size``; learnable, or fixed with
+    ``learn_simplex_size=False``).  :meth:`project_` puts :math:`\pi` back on the
+    simplex; :func:`alacarte.fit` takes projected-gradient steps on it.
+    ``kernel.lengthscale`` reads :math:`1/\gamma` (∞ for dropped inputs) and
+    setting it sets :math:`c = \sum_j 1/\ell_j` (if learnable) and
+    :math:`\pi \propto 1/\ell`.  :attr:`relevance` and :meth:`selected` report
+    the variables in use.
 
     ``forward(x1, x2)`` returns a ``LowRankRootLinearOperator`` of the features
     when ``x1`` equals ``x2``, a ``MatmulLinearOperator`` of the two feature
@@ -49,11 +66,16 @@ class FeatureKernel(Kernel):
         num_dims: input dimension ``d`` (the random state depends on it).
         num_samples: number of frequencies ``M``; there are ``D = 2M`` features.
         outputscale_prior, outputscale_constraint: for :math:`\sigma_f^2`.
+        simplex: constrain the ARD inverse lengthscales to ``c·π``, π on the simplex
+            (needs ``ard_num_dims=num_dims``).
+        simplex_size: initial (or fixed) ``c``; default ``num_dims`` (unit lengthscales).
+        learn_simplex_size: learn ``c`` (default) or keep it fixed.
         **kwargs: passed to :class:`gpytorch.kernels.Kernel` (``ard_num_dims``,
             ``batch_shape``, ``active_dims``, ``lengthscale_prior`` …).
     """
 
     outputscale = ConstrainedParameter()
+    simplex_size = ConstrainedParameter()
     # Kernels whose spectrum carries its own mass (mixture weights) set this False.
     has_outputscale = True
 
@@ -64,6 +86,9 @@ class FeatureKernel(Kernel):
         *,
         outputscale_prior: Prior | None = None,
         outputscale_constraint: Interval | None = None,
+        simplex: bool = False,
+        simplex_size: float | None = None,
+        learn_simplex_size: bool = True,
         **kwargs,
     ):
         check_positive_int(num_dims, "num_dims")
@@ -71,9 +96,23 @@ class FeatureKernel(Kernel):
         ard_num_dims = kwargs.get("ard_num_dims")
         if ard_num_dims is not None and ard_num_dims not in (1, num_dims):
             raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
+        self.simplex = bool(simplex)
+        if self.simplex:
+            self._check_simplex_options(num_dims, ard_num_dims, simplex_size, kwargs)
+            self.has_lengthscale = False  # γ = c·π replaces GPyTorch's raw_lengthscale
+        elif simplex_size is not None or not learn_simplex_size:
+            raise ValueError("simplex_size and learn_simplex_size apply only with simplex=True")
         super().__init__(**kwargs)
         self.num_dims = num_dims
         self.num_samples = num_samples
+        if self.simplex:
+            batch = self.batch_shape
+            self.register_parameter(
+                "simplex_weights", torch.nn.Parameter(torch.full((*batch, 1, num_dims), 1.0 / num_dims))
+            )
+            size = float(num_dims if simplex_size is None else simplex_size)
+            register_constrained_parameter(self, "simplex_size", torch.full((*batch, 1, 1), size), Positive())
+            self.raw_simplex_size.requires_grad_(bool(learn_simplex_size))
         if self.has_outputscale:
             register_constrained_parameter(
                 self,
@@ -85,10 +124,93 @@ class FeatureKernel(Kernel):
         elif outputscale_prior is not None or outputscale_constraint is not None:
             raise ValueError(f"{type(self).__name__} has no outputscale: its mixture weights carry the signal variance")
 
+    def _check_simplex_options(self, num_dims: int, ard_num_dims, simplex_size, kwargs) -> None:
+        if not type(self).has_lengthscale:
+            raise ValueError(f"simplex=True needs ARD lengthscales, which {type(self).__name__} does not have")
+        if ard_num_dims != num_dims:
+            raise ValueError(f"simplex=True needs ard_num_dims=num_dims={num_dims}, got {ard_num_dims}")
+        for key in ("lengthscale_prior", "lengthscale_constraint"):
+            if kwargs.get(key) is not None:
+                raise ValueError(f"{key} does not apply with simplex=True (γ = c·π replaces the lengthscales)")
+        if simplex_size is not None and not (float(simplex_size) > 0 and math.isfinite(float(simplex_size))):
+            raise ValueError(f"simplex_size must be positive and finite, got {simplex_size!r}")
+
     @property
     def num_features(self) -> int:
         """D = 2M, the length of φ(x)."""
         return 2 * self.num_samples
+
+    # -- lengthscales, plain or on the simplex ------------------------------------------
+    @property
+    def lengthscale(self) -> Tensor | None:
+        if self.simplex:
+            return 1.0 / self.inverse_lengthscale()
+        return super().lengthscale
+
+    @lengthscale.setter
+    def lengthscale(self, value) -> None:
+        if not self.simplex:
+            self._set_lengthscale(value)
+            return
+        ref = self.simplex_weights
+        gamma = 1.0 / torch.as_tensor(value, dtype=ref.dtype, device=ref.device)
+        gamma = (gamma.reshape(1, -1) if gamma.dim() <= 1 else gamma).expand(ref.shape)
+        if not bool(torch.isfinite(gamma).all()) or not bool((gamma >= 0).all()) or not bool((gamma.sum(-1) > 0).all()):
+            raise ValueError("lengthscales must be positive (∞ allowed for dropped inputs, not all of them)")
+        total = gamma.sum(-1, keepdim=True)
+        with torch.no_grad():
+            self.simplex_weights.copy_(gamma / total)
+        if self.raw_simplex_size.requires_grad:
+            self.simplex_size = total
+
+    def inverse_lengthscale(self) -> Tensor:
+        """γ = 1/ℓ, shape (*batch, 1, d) (or (*batch, 1, 1) isotropic); c·π for simplex kernels."""
+        if self.simplex:
+            return self.simplex_size * self.simplex_weights
+        return 1.0 / self.lengthscale
+
+    def scale_inputs(self, x: Tensor) -> Tensor:
+        """The lengthscale-scaled input γ ⊙ x (= x / ℓ) every projection starts from.
+
+        Simplex kernels multiply by γ so that γ_j = 0 removes input j exactly."""
+        if self.simplex:
+            return x * self.inverse_lengthscale()
+        return x / self.lengthscale
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Put π back on the probability simplex (exact Euclidean projection); no-op without ``simplex``."""
+        if self.simplex:
+            self.simplex_weights.copy_(project_to_simplex(self.simplex_weights))
+
+    @property
+    def relevance(self) -> Tensor:
+        """Relative importance of each input, shape (*batch, d), non-negative, summing to one.
+
+        π for simplex kernels (exact zeros: inputs not used); normalised inverse
+        lengthscales otherwise (uniform for isotropic kernels)."""
+        if self.simplex:
+            return self.simplex_weights.detach().squeeze(-2).clone()
+        if not self.has_lengthscale:
+            raise ValueError(f"no relevance is defined for {type(self).__name__}")
+        return self._normalise(self.inverse_lengthscale().detach().squeeze(-2))
+
+    def _normalise(self, raw: Tensor) -> Tensor:
+        raw = raw.expand(*raw.shape[:-1], self.num_dims)
+        return raw / raw.sum(-1, keepdim=True)
+
+    def selected(self, threshold: float = 0.0) -> Tensor:
+        """Indices of the inputs whose :attr:`relevance` exceeds ``threshold`` (0: every input in use).
+
+        Example:
+            >>> kernel = FSARDKernel(3, 64, ard_num_dims=3, simplex=True)
+            >>> kernel.simplex_weights.data = torch.tensor([[0.7, 0.0, 0.3]])
+            >>> kernel.selected()
+            tensor([0, 2])
+        """
+        if len(self.batch_shape):
+            raise ValueError("selected() supports kernels without batch_shape")
+        return torch.nonzero(self.relevance > threshold).squeeze(-1)
 
     def projection(self, x: Tensor) -> Tensor:
         """ωᵢᵀx for all frequencies: (..., n, d) → (..., n, M)."""

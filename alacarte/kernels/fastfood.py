@@ -103,7 +103,7 @@ class FastfoodRBFKernel(FeatureKernel):
             self.register_buffer("radius", radius)
 
     def projection(self, x: Tensor) -> Tensor:
-        return fastfood_project(x / self.lengthscale, self.sign, self.perm, self.gauss, self.radius, self.strategy)
+        return fastfood_project(self.scale_inputs(x), self.sign, self.perm, self.gauss, self.radius, self.strategy)
 
 
 class FSARDKernel(FastfoodRBFKernel):

@@ -101,7 +101,7 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
         return hat_quantiles(self.modes, self.half_widths, self.samples_per_component)
 
     def projection(self, x: Tensor) -> Tensor:
-        x = x / self.lengthscale
+        x = self.scale_inputs(x)
         radii = self.radii()
         if self.execution_strategy() == "dense":
             omega = fastfood_matrix(self.sign, self.perm, self.gauss, radii, self.num_dims)  # (*b, C, Mc, d)

@@ -39,7 +39,7 @@ class RandomFourierKernel(FeatureKernel):
         self.register_buffer("weights", _standard_normal(shape, self.seed, self.raw_outputscale.dtype))
 
     def projection(self, x: Tensor) -> Tensor:
-        return (x / self.lengthscale) @ self.weights.transpose(-1, -2)
+        return self.scale_inputs(x) @ self.weights.transpose(-1, -2)
 
 
 class SSGPRKernel(FeatureKernel):
@@ -82,3 +82,8 @@ class SSGPRKernel(FeatureKernel):
 
     def projection(self, x: Tensor) -> Tensor:
         return x @ self.frequencies.transpose(-1, -2)
+
+    @property
+    def relevance(self) -> Tensor:
+        """Root-mean-square frequency per input, normalised to sum to one; shape (*batch, d)."""
+        return self._normalise(self.frequencies.detach().pow(2).mean(-2).sqrt())

@@ -100,6 +100,11 @@ class SpectralMixtureFastfoodKernel(FastfoodMixtureKernel):
         proj = proj + (x.unsqueeze(-3) @ self.means.unsqueeze(-1))  # the O(d) shift μ_qᵀx
         return self.join_components(proj)
 
+    @property
+    def relevance(self) -> Tensor:
+        """Σ_q w_q σ_qj per input j, normalised to sum to one; shape (*batch, d)."""
+        return self._normalise((self.weights.unsqueeze(-1) * self.scales).sum(-2).detach())
+
     def expected_kernel(self, x1: Tensor, x2: Tensor) -> Tensor:
         """The closed form this expansion estimates (dense; non-batched kernels)."""
         if len(self.batch_shape):

@@ -1,0 +1,170 @@
+"""Data-parallel training of a :class:`~alacarte.FeatureGP` on ``torch.distributed``.
+
+Every process holds a shard of the rows.  The marginal likelihood is a function
+of sums over rows (ΦᵀΦ, Φᵀr, rᵀr, n; MATH.md §4), so each evaluation costs two
+all-reduces: one packed buffer of statistics (D² + D + 3 numbers) after each
+process has streamed its own rows, and one of the parameter gradients after
+each has back-propagated the (then identical) adjoints through its own rows.
+Loss, gradients and so every optimiser step are the same on all processes, to
+round-off equal to a single-process run on all rows.  Every process must
+draw the same random Fastfood state, i.e. build its kernel with the same
+``seed``: :func:`check_identical_state` asserts that at start-up.
+
+Launch one process per core/GPU with ``torchrun``:
+
+* one machine, 2 processes (gloo on CPU, nccl when CUDA is available)::
+
+    torchrun --standalone --nproc_per_node=2 experiments/train_distributed.py --n-train 1000000
+
+* several machines (run on each; node ranks 0..N−1, ``HOST0`` reachable by all)::
+
+    torchrun --nnodes=N --node_rank=$NODE_RANK --nproc_per_node=8 \\
+        --rdzv_backend=c10d --rdzv_endpoint=HOST0:29400 --rdzv_id=alacarte \\
+        experiments/train_distributed.py --n-train 100000000
+
+In the script::
+
+    alacarte.distributed.init(timeout=300)             # errors after 300 s instead of hanging
+    rows = alacarte.distributed.shard(len(x))           # this process's contiguous block of rows
+    model = FeatureGP(None, None, FSARDKernel(d, 1024, ard_num_dims=d, seed=0))   # same seed everywhere
+    alacarte.distributed.fit(model, x[rows], y[rows], memory_budget=2**30, restarts=0)
+
+A process that dies makes the others fail in their next collective (gloo
+reports the closed connection; otherwise the ``timeout`` expires); a world
+whose processes do not all arrive fails at start-up after ``timeout``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .streaming import ChunkedData
+from .training import FitHistory
+from .training import fit as _fit
+
+__all__ = ["init", "shard", "check_identical_state", "fit"]
+
+# Standardisation buffers are set by fit from all processes' rows: not part of the start-up check.
+_SET_BY_FIT = ("input_offset", "input_scale", "target_offset", "target_scale")
+
+
+def init(timeout: float = 300.0, backend: str | None = None) -> None:
+    """Join the process group described by ``torchrun``'s environment variables.
+
+    Args:
+        timeout: seconds after which a collective (or the start-up rendezvous)
+            that some process never joins raises instead of hanging.
+        backend: ``"gloo"`` or ``"nccl"``; default nccl when CUDA is available
+            (each process then uses GPU ``LOCAL_RANK``), else gloo.
+    """
+    if not dist.is_available():
+        raise ValueError("this torch build has no torch.distributed support")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+
+
+def shard(num_rows: int, rank: int | None = None, world_size: int | None = None) -> slice:
+    """The contiguous block of ``num_rows`` rows that process ``rank`` of ``world_size`` holds
+    (defaults: this process in the default group); sizes differ by at most one."""
+    rank = dist.get_rank() if rank is None else rank
+    world_size = dist.get_world_size() if world_size is None else world_size
+    base, extra = divmod(num_rows, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+def _checksum(tensor: Tensor) -> int:
+    digest = hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).digest()
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def _collective_device(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_identical_state(model, group=None, timeout: float | None = None) -> None:
+    """Raise unless every process's model has the same random Fastfood state and parameters.
+
+    Compares the kernel's ``seed`` and a SHA-256 checksum of every parameter
+    and buffer (bar the standardisation, which :func:`fit` sets from all
+    rows).  With gloo, a monitored barrier first names any process that does
+    not arrive within ``timeout`` seconds.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError("torch.distributed is not initialised: call alacarte.distributed.init() first")
+    device = _collective_device(group)
+    if dist.get_backend(group) == "gloo":
+        kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}
+        dist.monitored_barrier(group=group, wait_all_ranks=True, **kwargs)
+    names = [name for name in model.state_dict() if name.split(".")[-1] not in _SET_BY_FIT]
+    seed = getattr(model.covar_module, "seed", -1)
+    mine = torch.tensor([seed, len(names)] + [_checksum(model.state_dict()[n]) for n in names],
+                        dtype=torch.int64, device=device)
+    world = dist.get_world_size(group)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device), group=group)
+    if len({int(s) for s in sizes}) != 1:
+        raise ValueError(
+            "the processes hold different models (different numbers of parameters and buffers: "
+            f"{[int(s) - 2 for s in sizes]}); build the same model on every process"
+        )
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    reference = gathered[0].cpu()
+    problems = []
+    for rank, other in enumerate(gathered[1:], start=1):
+        other = other.cpu()
+        if int(other[0]) != int(reference[0]):
+            problems.append(f"rank {rank} has kernel seed {int(other[0])}, rank 0 has {int(reference[0])}")
+        differing = [name for name, a, b in zip(names, reference[2:], other[2:]) if int(a) != int(b)]
+        if differing:
+            problems.append(f"rank {rank} differs from rank 0 in {', '.join(differing)}")
+    if problems:
+        raise ValueError(
+            "data-parallel training needs the same random Fastfood state and initial parameters on every "
+            "process (build the kernel with the same seed= everywhere): " + "; ".join(problems)
+        )
+
+
+def fit(
+    model,
+    x,
+    y=None,
+    *,
+    group=None,
+    chunk_size: int | None = None,
+    memory_budget: int | None = None,
+    statistics_dtype: torch.dtype | None = None,
+    **fit_kwargs,
+) -> FitHistory:
+    """:func:`alacarte.fit` with the rows sharded over the processes of ``group``.
+
+    Each process passes its own rows (tensors, memory-mapped arrays or a
+    re-iterable of (x, y) chunks, streamed as in :func:`alacarte.fit`).  After
+    :func:`check_identical_state`, statistics and gradients are summed over
+    the processes, so every process takes the same steps and ends with the
+    same parameters and posterior (over all rows).  Restarts initialise from
+    rank 0's first rows.  The progress bar shows on rank 0 only.
+
+    Example (inside a ``torchrun`` script, see the module docstring)::
+
+        alacarte.distributed.init()
+        rows = alacarte.distributed.shard(len(x))
+        history = alacarte.distributed.fit(model, x[rows], y[rows], restarts=0, max_iter=200)
+    """
+    check_identical_state(model, group)
+    data = ChunkedData(
+        x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype,
+        group=group, distributed=True,
+    )
+    fit_kwargs.setdefault("progress", dist.get_rank(group) == 0)
+    return _fit(model, data, **fit_kwargs)

@@ -1,0 +1,10 @@
+"""Variable selection (MATH.md §5–7): the simplex projection used by simplex-ARD
+kernels, and estimators that learn which inputs matter — SRFF, RFFNet and the
+derivative-based method of Rosasco et al."""
+from .derivative import DerivativeSelector
+from .rffnet import RFFNetClassifier, RFFNetRegressor
+from .simplex import SimplexStep, project_to_simplex
+from .srff import SRFFRegressor
+
+__all__ = ["project_to_simplex", "SimplexStep", "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier",
+           "DerivativeSelector"]

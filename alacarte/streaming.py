@@ -1,0 +1,376 @@
+"""The Woodbury marginal likelihood streamed over chunks of rows, with exact gradients (MATH.md §4).
+
+The likelihood of a :class:`~alacarte.FeatureGP` depends on the data only
+through the sums over rows ΦᵀΦ, Φᵀr, rᵀr and n.  One evaluation of loss and
+gradient makes two passes over the rows and never holds more than one chunk's
+features (memory O(chunk·D + D²) whatever n):
+
+1. **statistics** — for every chunk, Φ_c = φ(x_c) and r_c = y_c − μ(x_c) without
+   autograd; add Φ_cᵀΦ_c, Φ_cᵀr_c, r_cᵀr_c to running sums (all-reduced across
+   processes in data-parallel training);
+2. **loss** — from leaf copies of the summed statistics, so one backward gives
+   their adjoints Ā = ∂L/∂(ΦᵀΦ), b̄ = ∂L/∂(Φᵀr), c̄ = ∂L/∂(rᵀr) and the direct
+   gradients of the noise (and of any priors);
+3. **gradients** — for every chunk, recompute Φ_c and r_c under autograd and
+   back-propagate ∂L/∂Φ_c = Φ_c(Ā + Āᵀ) + r_c b̄ᵀ and ∂L/∂r_c = 2c̄ r_c + Φ_c b̄
+   (:func:`~alacarte.woodbury.statistics_adjoint`).  The gradient is a sum over
+   chunks, so it is exact, not a stochastic estimate.
+
+The statistics may be accumulated in a wider dtype than the features
+(``statistics_dtype=torch.float64`` with a float32 model): each chunk's
+features are widened before their products are formed, and the Cholesky
+factor, the loss and the adjoints are computed in the wide dtype.  The error
+left is then that of rounding Φ to float32 (the loss moves by O(‖δΦ‖/σ)),
+not that of a float32 ΦᵀΦ and Cholesky (O(‖δ(ΦᵀΦ)‖/σ²), which ruins small-noise fits).
+
+Example:
+    >>> data = ChunkedData(x, y, memory_budget=256 * 2**20)   # or a memmap, or a DataLoader of (x, y)
+    >>> loss = streamed_negative_mll(model, data)             # per point; sets .grad on the parameters
+    >>> alacarte.fit(model, x_memmap, y_memmap, memory_budget=2**30)   # the same inside fit
+"""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._validation import as_tensor, check_inputs, check_positive_int, check_targets
+from .mll import WoodburyMarginalLogLikelihood
+from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics
+
+__all__ = ["DEFAULT_MEMORY_BUDGET", "ChunkedData", "rows_per_chunk", "streamed_statistics", "streamed_negative_mll"]
+
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
+# Rows gathered from the first chunks for the data-driven initialisation of restarts.
+_INIT_ROWS = 10_000
+
+
+def rows_per_chunk(num_features: int, num_dims: int, itemsize: int, memory_budget: int, statistics_itemsize: int = 8) -> int:
+    """Rows per chunk so that one evaluation stays within ``memory_budget`` bytes.
+
+    The D×D part (statistics, their adjoints, A and its Cholesky factor, ~5 D²
+    numbers) is fixed; each row of a chunk costs its features and their
+    gradient plus the feature map's intermediates (~6 D numbers) and its input.
+    """
+    check_positive_int(memory_budget, "memory_budget")
+    fixed = 5 * num_features**2 * statistics_itemsize
+    per_row = 6 * num_features * max(itemsize, statistics_itemsize) + 4 * num_dims * itemsize
+    if memory_budget < fixed + per_row:
+        raise ValueError(
+            f"memory_budget={memory_budget} bytes is too small for D = {num_features} features: the D×D "
+            f"statistics alone take {fixed} bytes and each row {per_row} more; allow at least "
+            f"{fixed + 64 * per_row} bytes"
+        )
+    return int((memory_budget - fixed) // per_row)
+
+
+def _is_array(value) -> bool:
+    return isinstance(value, (Tensor, np.ndarray))
+
+
+class ChunkedData:
+    """Training rows (x, y) read a chunk at a time, in original units.
+
+    Sources:
+
+    * arrays — ``x`` (n, d) and ``y`` (n,) as tensors, numpy arrays or
+      memory-mapped arrays (``np.load(path, mmap_mode="r")``, ``np.memmap``):
+      only one chunk is read into memory at a time;
+    * chunks — ``x`` a re-iterable of ``(x_c, y_c)`` pairs (a list, a
+      ``torch.utils.data.DataLoader``) and ``y=None``; it is iterated twice per
+      evaluation, so a one-shot generator is refused.  Chunks longer than the
+      chunk size are split.
+
+    Args:
+        x, y: the data, as above.
+        chunk_size: rows per chunk; default from ``memory_budget``.
+        memory_budget: bytes one evaluation may use for features (default 256 MiB;
+            see :func:`rows_per_chunk`).  Give at most one of the two.
+        statistics_dtype: dtype in which ΦᵀΦ, Φᵀr, rᵀr and the loss are
+            accumulated (default: the model's).
+        group: a ``torch.distributed`` process group over whose processes the
+            rows are sharded (set by :func:`alacarte.distributed.fit`; ``None``
+            with ``distributed=False`` means this process holds all rows).
+        distributed: sum the statistics and gradients over ``group`` (the
+            default group if ``group`` is ``None``).
+    """
+
+    def __init__(
+        self,
+        x,
+        y=None,
+        *,
+        chunk_size: int | None = None,
+        memory_budget: int | None = None,
+        statistics_dtype: torch.dtype | None = None,
+        group=None,
+        distributed: bool = False,
+    ):
+        if chunk_size is not None and memory_budget is not None:
+            raise ValueError("give chunk_size or memory_budget, not both")
+        self.chunk_size = None if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
+        self.memory_budget = (
+            DEFAULT_MEMORY_BUDGET if memory_budget is None else check_positive_int(memory_budget, "memory_budget")
+        )
+        if statistics_dtype is not None and statistics_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"statistics_dtype must be torch.float32 or torch.float64, got {statistics_dtype!r}")
+        self.statistics_dtype = statistics_dtype
+        self.group = group
+        self.distributed = distributed or group is not None
+        if y is None:
+            if _is_array(x):
+                raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
+            if not isinstance(x, Iterable):
+                raise ValueError(f"x must be an array or a re-iterable of (x, y) chunks, got {type(x).__name__}")
+            if iter(x) is x:
+                raise ValueError(
+                    "x is a one-shot iterator (e.g. a generator): the streamed likelihood reads the data "
+                    "twice per evaluation; pass a re-iterable (a list, a DataLoader, a memory-mapped array)"
+                )
+            self._x, self._y = x, None
+        else:
+            if not _is_array(x):
+                x = as_tensor(x, "x")
+            if not _is_array(y):
+                y = as_tensor(y, "y")
+            for name, value in (("x", x), ("y", y)):
+                if isinstance(value, np.ndarray) and not np.issubdtype(value.dtype, np.number):
+                    raise ValueError(f"{name} must be numeric, got an array of dtype {value.dtype}")
+            if x.ndim not in (1, 2) or y.ndim not in (1, 2) or (y.ndim == 2 and y.shape[1] != 1):
+                raise ValueError(f"x must have shape (n, d) and y (n,), got {tuple(x.shape)} and {tuple(y.shape)}")
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(f"y has {y.shape[0]} values but x has {x.shape[0]} rows")
+            if x.shape[0] == 0:
+                raise ValueError("x is empty (0 rows)")
+            self._x, self._y = x, y
+
+    # -- reading --------------------------------------------------------------------------
+    def rows(self, model) -> int:
+        """Rows per chunk for ``model``'s feature dimension and dtype."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        dtype = model.input_offset.dtype
+        stats_dtype = self.statistics_dtype or dtype
+        return rows_per_chunk(
+            model.covar_module.num_features,
+            model.num_dims,
+            torch.finfo(dtype).bits // 8,
+            self.memory_budget,
+            torch.finfo(stats_dtype).bits // 8,
+        )
+
+    def _raw_chunks(self) -> Iterator[tuple[object, object, int]]:
+        if self._y is not None:
+            yield self._x, self._y, 0
+            return
+        start = 0
+        for item in self._x:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                raise ValueError(f"each chunk must be an (x, y) pair, got {type(item).__name__}")
+            x_c, y_c = item
+            yield x_c, y_c, start
+            start += len(x_c)
+
+    def chunks(self, model) -> Iterator[tuple[Tensor, Tensor]]:
+        """(x_c, y_c) in original units, validated, in the model's dtype and device."""
+        rows = self.rows(model)
+        dtype, device = model.input_offset.dtype, model.input_offset.device
+        seen = 0
+        for x_src, y_src, offset in self._raw_chunks():
+            for start in range(0, len(x_src), rows):
+                stop = min(start + rows, len(x_src))
+                where = f"rows {offset + start}–{offset + stop - 1}"
+                x_c = check_inputs(_read(x_src, start, stop, "x", dtype, device), f"x ({where})", model.num_dims)
+                y_c = check_targets(_read(y_src, start, stop, "y", dtype, device), x_c.shape[0], f"y ({where})")
+                seen += x_c.shape[0]
+                yield x_c, y_c
+        if seen == 0:
+            raise ValueError("the data yielded no rows")
+
+    def sample(self, model, num_rows: int = _INIT_ROWS) -> tuple[Tensor, Tensor]:
+        """The first ``num_rows`` rows, in the model's internal (standardised) units."""
+        xs, ys, count = [], [], 0
+        for x_c, y_c in self.chunks(model):
+            xs.append(x_c[: num_rows - count])
+            ys.append(y_c[: num_rows - count])
+            count += xs[-1].shape[0]
+            if count >= num_rows:
+                break
+        x, y = torch.cat(xs), torch.cat(ys)
+        return model.internal_inputs(x), (y - model.target_offset) / model.target_scale
+
+    # -- collectives (no-ops on one process) ------------------------------------------------
+    def all_reduce_(self, tensor: Tensor) -> Tensor:
+        """Sum ``tensor`` in place over the processes."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, group=self.group)
+        return tensor
+
+    def broadcast_state_(self, model) -> None:
+        """Copy rank 0's parameters and buffers to every process (after a data-driven initialisation)."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+
+        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                if isinstance(tensor, Tensor):
+                    dist.broadcast(tensor, src=src, group=self.group)
+
+    # -- column moments ---------------------------------------------------------------------
+    @torch.no_grad()
+    def moments(self, model) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Column means and standard deviations (n − 1) of x and y over all rows
+        and processes, in two passes (sum, then squared deviations) in float64."""
+        x_sum = torch.zeros(model.num_dims + 2, dtype=torch.float64, device=model.input_offset.device)
+        for x_c, y_c in self.chunks(model):
+            x_sum[:-2] += x_c.sum(0, dtype=torch.float64)
+            x_sum[-2] += y_c.sum(dtype=torch.float64)
+            x_sum[-1] += x_c.shape[0]
+        self.all_reduce_(x_sum)
+        n = x_sum[-1]
+        mean = x_sum[:-1] / n
+        squares = torch.zeros_like(x_sum[:-1])
+        for x_c, y_c in self.chunks(model):
+            squares[:-1] += (x_c.to(torch.float64) - mean[:-1]).square().sum(0)
+            squares[-1] += (y_c.to(torch.float64) - mean[-1]).square().sum()
+        self.all_reduce_(squares)
+        std = (squares / (n - 1)).sqrt() if n > 1 else torch.ones_like(squares)
+        dtype = model.input_offset.dtype
+        return mean[:-1].to(dtype), std[:-1].to(dtype), mean[-1].to(dtype), std[-1].to(dtype)
+
+
+def _read(source, start: int, stop: int, name: str, dtype: torch.dtype, device) -> Tensor:
+    """Rows start:stop of a tensor or (memory-mapped) array, copied into a tensor."""
+    if isinstance(source, Tensor):
+        part = source[start:stop]
+    elif isinstance(source, np.ndarray):
+        part = source[start:stop]  # a memmap reads only these rows
+        if not part.flags.writeable:  # read-only maps: torch wants memory it may write
+            part = np.array(part)
+    else:
+        part = source if (start, stop) == (0, len(source)) else source[start:stop]
+    return as_tensor(part, name, dtype, device)
+
+
+def _model_terms(model, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Φ(x) and r = y − μ(x) for a chunk in original units (the model's standardisation applied)."""
+    inner = model.internal_inputs(x)
+    target = (y - model.target_offset) / model.target_scale
+    return model.covar_module.features(inner), target - model.mean_module(inner)
+
+
+def _check_model(model) -> None:
+    if not hasattr(model.covar_module, "features") or getattr(model.covar_module, "batch_shape", ()) != torch.Size():
+        raise ValueError(
+            "the streamed likelihood needs a FeatureGP with a non-batched alacarte FeatureKernel, "
+            f"got {type(model).__name__} with {type(model.covar_module).__name__}"
+        )
+
+
+# n travels in the statistics' buffer as two floats, n = high·2²⁰ + low: exact even in float32.
+_N_SPLIT = 2**20
+
+
+def _unpack(buffer: Tensor, num_features: int) -> SufficientStatistics:
+    """Views of a flat buffer [ΦᵀΦ, Φᵀr, rᵀr, n_high, n_low] as statistics."""
+    d2 = num_features * num_features
+    gram = buffer[:d2].view(num_features, num_features)
+    n = int(round(float(buffer[-2]))) * _N_SPLIT + int(round(float(buffer[-1])))
+    return SufficientStatistics(gram, buffer[d2 : d2 + num_features], buffer[d2 + num_features], n)
+
+
+@torch.no_grad()
+def streamed_statistics(model, data: ChunkedData) -> SufficientStatistics:
+    """ΦᵀΦ, Φᵀr, rᵀr and n summed over all chunks (and processes), in ``data.statistics_dtype``.
+
+    Pass 1 of the streamed likelihood, and the data a
+    :class:`~alacarte.woodbury.WoodburyPosterior` needs: memory O(chunk·D + D²).
+    """
+    _check_model(model)
+    dtype = data.statistics_dtype or model.input_offset.dtype
+    num_features = model.covar_module.num_features
+    # One flat buffer, so that the processes exchange everything in one all-reduce.
+    buffer = torch.zeros(num_features * num_features + num_features + 3, dtype=dtype, device=model.input_offset.device)
+    acc = _unpack(buffer, num_features)
+    rows = 0
+    for x_c, y_c in data.chunks(model):
+        phi, r = _model_terms(model, x_c, y_c)
+        chunk = sufficient_statistics(phi.to(dtype), r.to(dtype))
+        acc.gram += chunk.gram
+        acc.phi_r += chunk.phi_r
+        acc.r_r += chunk.r_r
+        rows += chunk.n
+    buffer[-2], buffer[-1] = divmod(rows, _N_SPLIT)
+    data.all_reduce_(buffer)
+    return _unpack(buffer, num_features)
+
+
+def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) -> Tensor:
+    """Negative log marginal likelihood per point (log priors included), streamed.
+
+    The same value as ``-WoodburyMarginalLogLikelihood(likelihood, model)(model(x), y)``
+    on all rows at once, to round-off.  With ``backward=True`` the exact
+    gradient is accumulated into ``.grad`` of the model's parameters, as
+    ``loss.backward()`` would (so it can serve as an L-BFGS closure after
+    ``zero_grad``); the returned loss is detached.
+
+    Cost: two passes over the rows (features computed twice, ΦᵀΦ once as a
+    rank-k update, the adjoint once as a symmetric product) plus one D×D
+    Cholesky; memory O(chunk·D + D²).  In data-parallel training the
+    statistics are summed with one all-reduce and the parameter gradients with
+    another.
+    """
+    stats = streamed_statistics(model, data)
+    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    if not backward:
+        with torch.no_grad():
+            return -mll.from_statistics(stats)
+    leaves = [t.detach().clone().requires_grad_() for t in (stats.gram, stats.phi_r, stats.r_r)]
+    loss = -mll.from_statistics(SufficientStatistics(*leaves, stats.n))
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, leaves + params, allow_unused=True)
+    grad_gram, grad_phi_r, grad_r_r = grads[:3]
+    direct = grads[3:]  # the noise's and the priors': already complete on every process
+
+    # Pass 2: back-propagate the adjoints chunk by chunk.
+    through_data = [torch.zeros_like(p) for p in params]
+    stats_dtype = stats.gram.dtype
+    for x_c, y_c in data.chunks(model):
+        phi, r = _model_terms(model, x_c, y_c)
+        grad_phi, grad_r = statistics_adjoint(
+            phi.detach().to(stats_dtype), r.detach().to(stats_dtype), grad_gram, grad_phi_r, grad_r_r
+        )
+        outputs, adjoints = [], []
+        for out, adj in ((phi, grad_phi), (r, grad_r)):
+            if out.requires_grad and adj is not None:
+                outputs.append(out)
+                adjoints.append(adj.to(out.dtype))
+        if not outputs:
+            continue
+        chunk_grads = torch.autograd.grad(outputs, params, adjoints, allow_unused=True)
+        for total, g in zip(through_data, chunk_grads):
+            if g is not None:
+                total += g
+    if data.distributed and params:
+        flat = data.all_reduce_(torch.cat([g.reshape(-1) for g in through_data]))
+        through_data = [chunk.view_as(p) for chunk, p in zip(flat.split([p.numel() for p in params]), params)]
+    for p, g_data, g_direct in zip(params, through_data, direct):
+        g = g_data if g_direct is None else g_data + g_direct
+        p.grad = g if p.grad is None else p.grad + g
+    return loss.detach()
+
+
+def is_streamed_input(x, y, *options) -> bool:
+    """Whether :func:`alacarte.fit` should stream: chunked/memory-mapped input, or a streaming option given."""
+    if isinstance(x, ChunkedData) or isinstance(x, np.memmap) or isinstance(y, np.memmap):
+        return True
+    if any(option is not None for option in options):
+        return True
+    return y is None and not _is_array(x) and not isinstance(x, numbers.Number)

@@ -1,0 +1,54 @@
+"""One process of the data-parallel tests (tests/test_distributed.py starts two).
+
+Usage: python distributed_worker.py SCENARIO OUT_DIR, with MASTER_ADDR, MASTER_PORT,
+RANK and WORLD_SIZE set.  Writes OUT_DIR/rank{RANK}.pt: the results, or the error.
+"""
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+import alacarte.distributed as ad  # noqa: E402
+from alacarte.streaming import ChunkedData, streamed_negative_mll  # noqa: E402
+from streaming_case import make_case  # noqa: E402
+
+
+def main() -> None:
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    result = {}
+    try:
+        ad.init(timeout=float(os.environ.get("ALACARTE_TEST_TIMEOUT", "20")))
+        x, y, model = make_case(seed=rank if scenario == "seed" else 0)
+        rows = ad.shard(len(x))
+        ad.check_identical_state(model)
+        if scenario == "dead" and rank == 1:
+            os._exit(3)  # a peer that dies in the middle of training
+        if scenario == "dead":
+            time.sleep(1.0)
+        data = ChunkedData(x[rows], y[rows], chunk_size=7, distributed=True)
+        model.train()
+        loss = streamed_negative_mll(model, data)
+        result["loss"] = loss
+        result["grads"] = {name: p.grad.clone() for name, p in model.named_parameters()}
+        model.zero_grad()
+        history = ad.fit(model, x[rows], y[rows], chunk_size=7, restarts=0, max_iter=6, progress=False)
+        result["fit_loss"] = history.loss
+        result["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+        result["prediction"] = model.predict(x[:5]).mean
+        # Restarts initialise from rank 0's rows: every process must continue from the same point.
+        ad.fit(model, x[rows], y[rows], chunk_size=7, restarts=2, restart_iter=2, max_iter=2)
+        result["restarted_state"] = {k: v.clone() for k, v in model.state_dict().items()}
+    except Exception as err:  # reported to the test, which checks the message
+        result["error"] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""DerivativeSelector (Rosasco et al. 2010): Algorithm 1 against a direct convex
+solve of the same objective, whose derivative matrices come from autograd."""
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+from sklearn.utils.estimator_checks import check_estimator
+
+from alacarte.datasets import make_rosasco, rosasco_split
+from alacarte.datasets.synthetic import ROSASCO_MEAN_ABS
+from alacarte.selection import DerivativeSelector
+
+
+def _representation_maps(x, gamma):
+    """Linear maps c = (a, b) ↦ (f(xᵢ))ᵢ and ↦ (∂ⱼf(xᵢ))ᵢ for
+    f(p) = (1/n) Σₛ aₛ k(xₛ, p) + (1/n) Σₛⱼ bₛʲ ∂k(p, u)/∂uʲ|_{u=xₛ},
+    built by automatic differentiation (independent of the closed-form blocks)."""
+    xt = torch.from_numpy(x)
+    n, d = x.shape
+
+    def basis(p):
+        u = xt.clone().requires_grad_()
+        k = torch.exp(-gamma * (p - u).square().sum(1))
+        du = torch.autograd.grad(k.sum(), u, create_graph=True)[0]
+        return torch.cat([k, du.reshape(-1)]) / n
+
+    values = np.stack([basis(xt[i]).detach().numpy() for i in range(n)])
+    jac = np.stack([torch.autograd.functional.jacobian(basis, xt[i]).numpy() for i in range(n)])  # (i, c, j)
+    return values, jac.transpose(2, 0, 1)
+
+
+def _objective(c, values, derivs, y, tau, mu):
+    """E + 2τR + μ‖f‖²_H, with ‖f‖²_H = (1/n)[aᵀ f(x) + bᵀ ∇f(x)] by the (derivative) reproducing property."""
+    n, d = values.shape[0], derivs.shape[0]
+    gram = np.concatenate([values, derivs.transpose(1, 0, 2).reshape(n * d, -1)]) / n
+    return (np.mean((y - values @ c) ** 2) + 2 * tau * np.sqrt(np.mean((derivs @ c) ** 2, axis=1)).sum()
+            + mu * c @ gram @ c)
+
+
+def test_algorithm_1_matches_a_direct_convex_solve():
+    rng = np.random.default_rng(0)
+    n, d, gamma, tau, mu = 9, 3, 0.4, 0.05, 1e-2
+    x = rng.uniform(-2, 2, (n, d))
+    y = np.sin(1.5 * x[:, 0]) + 0.3 * x[:, 1] + 0.01 * rng.standard_normal(n)
+    model = DerivativeSelector(tau=tau, mu=mu, gamma=gamma, refit=False, tol=1e-10, max_iter=100000,
+                               max_inner_iter=20000).fit(x, y)
+    assert model.converged_
+    yc = y - y.mean()
+    values, derivs = _representation_maps(x, gamma)
+    c_alg = np.concatenate([model.dual_coef_, model.derivative_coef_.reshape(-1)])
+    f_alg = _objective(c_alg, values, derivs, yc, tau, mu)
+
+    # direct solve: epigraph form, min E(c) + 2τ Σ tⱼ  s.t.  tⱼ² ≥ (1/n)‖Dⱼc‖², t ≥ 0
+    m = values.shape[1]
+
+    gram = np.concatenate([values, derivs.transpose(1, 0, 2).reshape(n * d, -1)]) / n
+    gram = (gram + gram.T) / 2
+
+    def obj(w):
+        return np.mean((yc - values @ w[:m]) ** 2) + 2 * tau * w[m:].sum() + mu * w[:m] @ gram @ w[:m]
+
+    def obj_grad(w):
+        g = np.zeros_like(w)
+        g[:m] = -2 * values.T @ (yc - values @ w[:m]) / n + 2 * mu * gram @ w[:m]
+        g[m:] = 2 * tau
+        return g
+
+    cons = [{"type": "ineq",
+             "fun": lambda w, j=j: w[m + j] ** 2 - np.mean((derivs[j] @ w[:m]) ** 2),
+             "jac": lambda w, j=j: np.concatenate([-2 * derivs[j].T @ (derivs[j] @ w[:m]) / n,
+                                                    2 * w[m + j] * np.eye(d)[j]])} for j in range(d)]
+    start = np.concatenate([np.zeros(m), np.ones(d)])
+    res = minimize(obj, start, jac=obj_grad, constraints=cons, bounds=[(None, None)] * m + [(0, None)] * d,
+                   method="SLSQP", options={"ftol": 1e-15, "maxiter": 5000})
+    f_direct = _objective(res.x[:m], values, derivs, yc, tau, mu)
+    # Algorithm 1 reaches the optimum (it can only be ≥ it)
+    assert f_alg == pytest.approx(f_direct, rel=1e-7, abs=1e-10)
+    # μ > 0: the minimiser is unique, so the functions agree, at the data and elsewhere
+    np.testing.assert_allclose(model.fitted_values_ - y.mean(), values @ res.x[:m], atol=2e-5)
+    fresh = rng.uniform(-2, 2, (5, d))
+    direct = DerivativeSelector(tau=tau, mu=mu, gamma=gamma, refit=False).fit(x, y)
+    direct.dual_coef_, direct.derivative_coef_ = res.x[:n], res.x[n:m].reshape(n, d)
+    np.testing.assert_allclose(model.decision_function(fresh), direct.decision_function(fresh), atol=2e-5)
+    np.testing.assert_allclose(model.fitted_values_, model.decision_function(x), atol=1e-10)
+    # partial-derivative norms agree with autograd's
+    np.testing.assert_allclose(model.derivative_norms_, np.sqrt(np.mean((derivs @ c_alg) ** 2, axis=1)), rtol=1e-9, atol=1e-12)
+    # this τ switches the second input off (an exact zero at the optimum, ~tol after the iteration)
+    norms = model.derivative_norms_
+    assert norms[1] < 1e-9 and norms[0] > 1e-2 and norms[2] > 1e-2
+    # the paper's rule: Σᵢ (∂ⱼf(xᵢ))² > τ
+    np.testing.assert_array_equal(model.selected_, np.flatnonzero(n * norms**2 > tau))
+    assert 0 in model.selected_ and 1 not in model.selected_
+
+
+def test_objective_decreases_along_the_iterations():
+    x, y, _ = make_rosasco("f3", 30, seed=1)
+    yc = y - y.mean()
+    objs = []
+    for iters in (1, 2, 5, 20, 100, 400):
+        m = DerivativeSelector(tau=1e-3, mu=0.0, gamma=0.3, refit=False, max_iter=iters, tol=1e-14).fit(x, y)
+        grads = m.derivative_norms_
+        objs.append(np.mean((yc - (m.fitted_values_ - y.mean())) ** 2) + 2e-3 * grads.sum())
+    assert all(b <= a + 1e-12 for a, b in zip(objs, objs[1:]))
+
+
+def test_selects_the_two_relevant_inputs_of_f1():
+    data = rosasco_split("f1", seed=0)
+    x, y = data["train"]
+    model = DerivativeSelector(tau=5.0, gamma=0.1, refit_alpha=1e-3).fit(x, y)
+    np.testing.assert_array_equal(model.selected_, [0, 1])
+    xt, yt = data["test"]
+    refit_mse = np.mean((model.predict(xt) - yt) ** 2)
+    assert refit_mse < 0.2 * np.var(yt)
+
+
+def test_refuses_problems_that_would_not_fit_in_memory():
+    x = np.zeros((2000, 50))
+    with pytest.raises(ValueError, match=r"needs about 74\.\d+ GiB for n=2000, d=50.*max_memory_bytes=2\.00 GiB"):
+        DerivativeSelector().fit(x, np.zeros(2000))
+    with pytest.raises(ValueError, match="max_memory_bytes=0.00"):
+        DerivativeSelector(max_memory_bytes=1000).fit(x[:10, :3], np.arange(10.0))
+
+
+def test_warm_start_continues_from_the_previous_solution():
+    x, y, _ = make_rosasco("f2", 40, seed=2)
+    cold = DerivativeSelector(tau=0.5, gamma=0.2, tol=1e-8).fit(x, y)
+    warm = DerivativeSelector(tau=1.0, gamma=0.2, tol=1e-8, warm_start=True).fit(x, y)
+    warm.set_params(tau=0.5).fit(x, y)
+    np.testing.assert_allclose(warm.fitted_values_, cold.fitted_values_, atol=1e-4)
+
+
+def test_rosasco_generators():
+    from scipy import integrate
+    for name, f in (("f1", lambda a, b: (a**4 - a**2) * (3 + b)),
+                    ("f3", lambda a, b: -2 * (2 * a**2 - 1) * b * np.exp(-a**2 - b**2))):
+        mean_abs = integrate.dblquad(lambda b, a: abs(f(a, b)), -3, 3, -3, 3, epsabs=1e-9)[0] / 36
+        assert ROSASCO_MEAN_ABS[name] == pytest.approx(mean_abs, rel=1e-6)
+        x, y, relevant = make_rosasco(name, 4000, seed=0)
+        assert x.shape == (4000, 6) and relevant == (0, 1) and x.min() >= -3 and x.max() <= 3
+        assert np.std(y - f(x[:, 0], x[:, 1])) == pytest.approx(np.sqrt(0.01 * mean_abs), rel=0.05)
+    split = rosasco_split("f2", seed=3)
+    assert [split[k][0].shape[0] for k in ("train", "validation", "test")] == [80, 200, 200]
+    np.testing.assert_array_equal(split["test"][1], rosasco_split("f2", seed=4)["test"][1])
+    assert not np.array_equal(split["train"][1], rosasco_split("f2", seed=4)["train"][1])
+    with pytest.raises(ValueError, match="function must be one of"):
+        make_rosasco("f4", 10)
+
+
+def test_sklearn_estimator_checks():
+    check_estimator(DerivativeSelector(tau=1e-3, tol=1e-5, max_iter=200, max_inner_iter=100))

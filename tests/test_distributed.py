@@ -1,0 +1,102 @@
+"""Data-parallel training over two gloo processes on localhost equals one process."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import alacarte
+from alacarte.streaming import ChunkedData, streamed_negative_mll
+from streaming_case import make_case
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(scenario: str, tmp_path, ranks=(0, 1), world_size: int = 2, timeout: float = 20, wall: float = 120):
+    """Start the worker processes, wait at most ``wall`` seconds; returns ({rank: result}, seconds)."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size),
+               ALACARTE_TEST_TIMEOUT=str(timeout), OMP_NUM_THREADS="1")
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, WORKER, scenario, str(tmp_path)], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in ranks]
+    try:
+        outputs = [p.communicate(timeout=wall)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    seconds = time.perf_counter() - start
+    results = {}
+    for r, out in zip(ranks, outputs):
+        path = tmp_path / f"rank{r}.pt"
+        results[r] = torch.load(path, weights_only=False) if path.exists() else {"exit": out}
+    return results, seconds
+
+
+def _close(a, b, tol=1e-10):
+    return torch.allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_two_gloo_processes_equal_one_process(tmp_path):
+    results, _ = _launch("fit", tmp_path)
+    for r in (0, 1):
+        assert "error" not in results[r] and "exit" not in results[r], results[r]
+
+    x, y, model = make_case()
+    model.train()
+    loss = streamed_negative_mll(model, ChunkedData(x, y, chunk_size=7))
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    history = alacarte.fit(model, x, y, chunk_size=7, restarts=0, max_iter=6, progress=False)
+    state = model.state_dict()
+
+    for r in (0, 1):
+        res = results[r]
+        assert _close(res["loss"], loss)
+        assert res["grads"].keys() == grads.keys()
+        for name, g in grads.items():
+            assert _close(res["grads"][name], g), name
+        assert len(res["fit_loss"]) == len(history.loss)
+        assert torch.allclose(torch.tensor(res["fit_loss"]), torch.tensor(history.loss), rtol=1e-10, atol=1e-10)
+        for name, value in state.items():
+            assert _close(res["state"][name], value), name
+        assert _close(res["prediction"], model.predict(x[:5]).mean)
+    for name, value in results[0]["restarted_state"].items():
+        assert torch.equal(value, results[1]["restarted_state"][name]), name
+
+
+def test_mismatched_seed_is_reported(tmp_path):
+    results, _ = _launch("seed", tmp_path)
+    for r in (0, 1):
+        message = results[r].get("error", "")
+        assert "ValueError" in message and "rank 1 has kernel seed 1, rank 0 has 0" in message, results[r]
+        assert "radius" in message  # FSARD's learned radii are drawn from the seed
+
+
+@pytest.mark.slow
+def test_dead_peer_errors_within_the_timeout(tmp_path):
+    results, seconds = _launch("dead", tmp_path, timeout=10, wall=90)
+    assert "error" in results[0], results[0]
+    assert "streamed_negative_mll" in results[0]["error"]  # failed in training's all-reduce
+    assert seconds < 60
+
+
+@pytest.mark.slow
+def test_missing_process_errors_within_the_timeout(tmp_path):
+    # Rank 1 of a world of two never starts: rank 0's rendezvous must time out, not hang.
+    results, seconds = _launch("fit", tmp_path, ranks=(0,), timeout=4, wall=90)
+    assert "error" in results[0], results[0]
+    assert seconds < 60

@@ -1,0 +1,250 @@
+"""The exact simplex projection, simplex-ARD kernels, and selection by a simplex-ARD GP."""
+import unittest
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy.optimize import minimize
+
+import alacarte as ac
+from alacarte.selection import project_to_simplex
+from kernel_cases import FeatureKernelTestCase
+
+finite = st.floats(min_value=-100, max_value=100, allow_nan=False, allow_infinity=False)
+vectors = st.integers(1, 300).flatmap(lambda d: arrays(np.float64, d, elements=finite))
+sizes = st.floats(min_value=1e-3, max_value=1e3)
+
+
+def exhaustive_projection(v: np.ndarray, size: float) -> np.ndarray:
+    """argmin ‖w − v‖ over {w ≥ 0, Σw = size}, by trying every support set S (exact KKT solve).
+
+    On a support S the minimiser of ‖w − v‖² subject to Σ_S w = size is
+    w_S = v_S − (Σ_S v − size)/|S|; the answer is the closest of the feasible ones."""
+    d = v.size
+    best, best_dist = None, np.inf
+    for mask in range(1, 2**d):
+        support = np.array([(mask >> j) & 1 for j in range(d)], dtype=bool)
+        w = np.zeros(d)
+        w[support] = v[support] - (v[support].sum() - size) / support.sum()
+        if (w >= 0).all():
+            dist = np.sum((w - v) ** 2)
+            if dist < best_dist:
+                best, best_dist = w, dist
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(vectors, sizes)
+def test_projection_lies_on_the_simplex(v, size):
+    w = project_to_simplex(torch.tensor(v), size)
+    assert w.dtype == torch.float64 and w.shape == v.shape
+    assert bool((w >= 0).all())
+    assert abs(float(w.sum()) - size) <= 1e-12 * max(1.0, size, float(np.abs(v).sum()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(vectors, sizes)
+def test_projection_is_idempotent(v, size):
+    w = project_to_simplex(torch.tensor(v), size)
+    assert torch.allclose(project_to_simplex(w, size), w, rtol=0, atol=1e-12 * max(1.0, size))
+
+
+@settings(max_examples=100, deadline=None)
+@given(vectors, st.randoms(use_true_random=False))
+def test_projection_is_permutation_equivariant(v, random):
+    order = list(range(v.size))
+    random.shuffle(order)
+    w = project_to_simplex(torch.tensor(v))
+    w_perm = project_to_simplex(torch.tensor(v[order]))
+    assert torch.allclose(w_perm, w[order], rtol=0, atol=1e-13)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda d: arrays(np.float64, d, elements=st.floats(-5, 5))), st.floats(0.1, 10))
+def test_projection_equals_an_exhaustive_kkt_solve(v, size):
+    w = project_to_simplex(torch.tensor(v), size).numpy()
+    assert np.allclose(w, exhaustive_projection(v, size), rtol=0, atol=1e-12)
+
+
+def test_projection_equals_scipy_slsqp_on_random_cases():
+    rng = np.random.default_rng(0)
+    for d in (2, 5, 20):
+        v = rng.normal(size=d)
+        result = minimize(lambda w: 0.5 * np.sum((w - v) ** 2), np.full(d, 1 / d), jac=lambda w: w - v,
+                          bounds=[(0, None)] * d, method="SLSQP", options={"ftol": 1e-14, "maxiter": 500},
+                          constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1, "jac": lambda w: np.ones(d)}])
+        assert result.success
+        assert np.allclose(project_to_simplex(torch.tensor(v)).numpy(), result.x, atol=1e-6)
+
+
+def test_projection_is_batched_and_fixes_points_of_the_simplex():
+    v = torch.randn(3, 4, 50, dtype=torch.float64)
+    sizes = torch.rand(3, 4, dtype=torch.float64) + 0.5
+    w = project_to_simplex(v, sizes)
+    for i in range(3):
+        for j in range(4):
+            assert torch.equal(w[i, j], project_to_simplex(v[i, j], float(sizes[i, j])))
+    assert torch.allclose(w.sum(-1), sizes, rtol=0, atol=1e-13)
+    inside = torch.tensor([0.2, 0.0, 0.8], dtype=torch.float64)
+    assert torch.allclose(project_to_simplex(inside), inside, rtol=0, atol=1e-16)
+    assert torch.equal(project_to_simplex(torch.tensor([3.0, -1.0, 0.5], dtype=torch.float64)),
+                       torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.tensor([1.0, float("nan")]), "non-finite"),
+    (torch.tensor([1, 2]), "floating"),
+    (torch.zeros(0), "non-empty"),
+])
+def test_projection_rejects_bad_input(bad, message):
+    with pytest.raises(ValueError, match=message):
+        project_to_simplex(bad)
+    with pytest.raises(ValueError, match="size"):
+        project_to_simplex(torch.ones(3), -1.0)
+
+
+# -- simplex-ARD kernels: the shared kernel tests, with ℓ = 1/γ -----------------------------
+class SimplexCase(FeatureKernelTestCase):
+    """Every shared test on the simplex variant; an ARD lengthscale ℓ maps to γ = 1/ℓ = c·π."""
+
+    def make_kernel(self, num_dims, num_samples=None, **kwargs):
+        kwargs.pop("ard_num_dims", None)
+        kwargs.setdefault("seed", 3)
+        m = self.num_samples if num_samples is None else num_samples
+        return self.kernel_class(num_dims, m, ard_num_dims=num_dims, simplex=True, **kwargs)
+
+    def test_lengthscale_reads_and_writes_through_the_simplex(self):
+        kernel = self.make_kernel(4).double()
+        kernel.lengthscale = torch.tensor([0.5, 1.0, 2.0, 4.0], dtype=torch.float64)
+        gamma = torch.tensor([2.0, 1.0, 0.5, 0.25], dtype=torch.float64)
+        self.assertAllClose(kernel.simplex_size.detach().reshape(()), gamma.sum(), rtol=1e-12, atol=0)
+        self.assertAllClose(kernel.relevance, gamma / gamma.sum(), rtol=1e-12, atol=0)
+        self.assertAllClose(kernel.lengthscale.detach().reshape(-1), 1 / gamma, rtol=1e-12, atol=0)
+
+    def test_zero_weight_removes_the_input_exactly(self):
+        kernel = self.make_kernel(3).double()
+        with torch.no_grad():
+            kernel.simplex_weights.copy_(torch.tensor([[0.6, 0.0, 0.4]]))
+        x = torch.randn(8, 3, dtype=torch.float64)
+        x2 = x.clone()
+        x2[:, 1] = torch.randn(8, dtype=torch.float64) * 100
+        self.assertTrue(torch.equal(kernel.features(x), kernel.features(x2)))
+        self.assertEqual(kernel.selected().tolist(), [0, 2])
+        self.assertTrue(torch.isinf(kernel.lengthscale[..., 1]).all())
+
+    def test_project_restores_the_simplex(self):
+        kernel = self.make_kernel(5).double()
+        with torch.no_grad():
+            kernel.simplex_weights.add_(torch.randn(1, 5, dtype=torch.float64))
+        kernel.project_()
+        w = kernel.simplex_weights.detach()
+        self.assertTrue(bool((w >= 0).all()))
+        self.assertLessEqual(abs(float(w.sum()) - 1.0), 1e-14)
+
+    def test_fixed_simplex_size(self):
+        kernel = self.make_kernel(3, simplex_size=2.5, learn_simplex_size=False)
+        self.assertFalse(kernel.raw_simplex_size.requires_grad)
+        kernel.lengthscale = torch.tensor([1.0, 2.0, 4.0])  # keeps c, sets the direction π
+        self.assertAlmostEqual(float(kernel.simplex_size), 2.5, places=6)
+        self.assertAllClose(kernel.relevance, torch.tensor([4.0, 2.0, 1.0]) / 7.0, rtol=1e-6, atol=0)
+
+    def test_gradients_reach_every_parameter(self):
+        # As the shared test, but from a π off the uniform point (which is a critical point
+        # of some test functions) — and π gets a gradient like every other parameter.
+        kernel = self.make_kernel(3).double()
+        with torch.no_grad():
+            kernel.simplex_weights.copy_(torch.tensor([[0.5, 0.3, 0.2]]))
+        kernel.features(torch.randn(15, 3, dtype=torch.float64)).pow(2).sin().sum().backward()
+        for name, param in kernel.named_parameters():
+            self.assertIsNotNone(param.grad, name)
+            self.assertGreater(param.grad.abs().max().item(), 0.0, name)
+
+
+class TestSimplexFSARDKernel(SimplexCase, unittest.TestCase):
+    kernel_class = ac.FSARDKernel
+
+
+class TestSimplexFastfoodRBFKernel(SimplexCase, unittest.TestCase):
+    kernel_class = ac.FastfoodRBFKernel
+
+
+class TestSimplexRandomFourierKernel(SimplexCase, unittest.TestCase):
+    kernel_class = ac.RandomFourierKernel
+
+
+def test_simplex_needs_ard_lengthscales():
+    with pytest.raises(ValueError, match="ard_num_dims"):
+        ac.FSARDKernel(3, 8, simplex=True)
+    with pytest.raises(ValueError, match="does not have"):
+        ac.SSGPRKernel(3, 8, simplex=True)
+    with pytest.raises(ValueError, match="does not have"):
+        ac.SpectralMixtureFastfoodKernel(3, 8, num_components=2, simplex=True)
+    with pytest.raises(ValueError, match="only with simplex=True"):
+        ac.FSARDKernel(3, 8, ard_num_dims=3, simplex_size=2.0)
+    with pytest.raises(ValueError, match="simplex_size"):
+        ac.FSARDKernel(3, 8, ard_num_dims=3, simplex=True, simplex_size=-1.0)
+
+
+def test_pwl_and_fsgbard_take_the_simplex_option():
+    x = torch.randn(6, 4, dtype=torch.float64)
+    for kernel in (ac.PiecewiseLinearRadialKernel(4, 16, num_components=2, ard_num_dims=4, simplex=True, seed=0),
+                   ac.FSGBARDKernel(4, 16, ard_num_dims=4, simplex=True, seed=0)):
+        kernel = kernel.double()
+        with torch.no_grad():
+            kernel.simplex_weights.copy_(torch.tensor([[0.5, 0.0, 0.5, 0.0]]))
+        x2 = x.clone()
+        x2[:, [1, 3]] = 7.0
+        assert torch.equal(kernel.features(x), kernel.features(x2))
+
+
+def test_relevance_of_plain_kernels_and_the_bar_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    from alacarte.plotting import plot_relevance, save_kernel_figure
+
+    plain = ac.FSARDKernel(3, 8, ard_num_dims=3, seed=0)
+    plain.lengthscale = torch.tensor([1.0, 2.0, 4.0])
+    assert torch.allclose(plain.relevance, torch.tensor([4.0, 2.0, 1.0]) / 7, atol=1e-6)
+    simplex = ac.FSARDKernel(3, 8, ard_num_dims=3, simplex=True, seed=0)
+    with torch.no_grad():
+        simplex.simplex_weights.copy_(torch.tensor([[0.25, 0.0, 0.75]]))
+    bars = plot_relevance(simplex).patches
+    assert [b.get_height() for b in bars] == pytest.approx([0.25, 0.0, 0.75])
+    assert save_kernel_figure(simplex, tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_simplex_gp_selects_the_relevant_inputs_of_se2():
+    """After fit(), π is on the simplex and the 95 irrelevant inputs of SE2 weigh exactly zero.
+
+    The simplex size c is fixed (the SRFF setting): with c learnable as well, γ = c·π
+    ranges over the whole positive orthant and the constraint no longer forces zeros.
+    """
+    from alacarte.datasets import make_se2
+
+    x, y, relevant = make_se2(600, seed=0)
+    kernel = ac.FSARDKernel(100, 32, ard_num_dims=100, simplex=True, simplex_size=4.0,
+                            learn_simplex_size=False, seed=0).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=60, restarts=0, progress=False)
+    pi = kernel.simplex_weights.detach()
+    assert bool((pi >= 0).all()) and abs(float(pi.sum()) - 1.0) <= 1e-12
+    assert set(kernel.selected().tolist()) == set(relevant)
+
+
+def test_simplex_step_descends_to_the_constrained_minimiser():
+    """On f(π) = ½‖A(π − v)‖², every accepted step decreases f and the steps reach the
+    minimiser over the simplex (checked against the exhaustive KKT solve for A = I)."""
+    from alacarte.selection import SimplexStep
+
+    kernel = ac.FSARDKernel(6, 8, ard_num_dims=6, simplex=True, seed=0).double()
+    v = torch.tensor([0.9, -0.2, 0.4, 0.05, 0.3, -1.0], dtype=torch.float64)
+    objective = lambda: 0.5 * ((kernel.simplex_weights.squeeze(0) - v) ** 2).sum()  # noqa: E731
+    step = SimplexStep(kernel, step_size=10.0)  # too long at first: backtracking must cut it
+    values = [float(objective())]
+    for _ in range(30):
+        values.append(step.step(objective, steps=1))
+    assert all(b <= a for a, b in zip(values, values[1:]))
+    expected = exhaustive_projection(v.numpy(), 1.0)
+    assert np.allclose(kernel.simplex_weights.detach().numpy().ravel(), expected, atol=1e-12)

@@ -1,0 +1,125 @@
+"""SRFFRegressor: its pieces against independent truths, scikit-learn's conventions, selection."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from alacarte import SRFFRegressor
+from alacarte.selection.srff import _median_neighbour_distance, _SRFFProblem, monotone_fista
+
+SMALL = dict(n_components=20, n_alphas=4, max_iter=5, fista_iter=5, random_state=0)
+
+
+def small_problem(n=200, d=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    y = torch.sin(2 * x[:, 0]) * x[:, 1] + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
+    eps = torch.randn(50, d, generator=gen, dtype=torch.float64)
+    offset = 2 * math.pi * torch.rand(50, generator=gen, dtype=torch.float64)
+    return _SRFFProblem(x, y - y.mean(), eps, offset)
+
+
+@parametrize_with_checks([SRFFRegressor(**SMALL)])
+def test_sklearn_conventions(estimator, check):
+    check(estimator)
+
+
+def test_gradient_matches_autograd():
+    problem = small_problem()
+    gamma = torch.tensor([0.9, 0.7, 0.1, 0.0, 0.2, 0.1], dtype=torch.float64)
+    coef = problem.ridge(gamma, 0.5)
+    value, grad = problem.loss_and_grad(gamma, coef)
+    g = gamma.clone().requires_grad_(True)
+    z = math.sqrt(2 / 50) * torch.cos(problem.x * g @ problem.eps.T + problem.offset)
+    reference = ((problem.y - z @ coef) ** 2).mean()
+    (reference_grad,) = torch.autograd.grad(reference, g)
+    assert abs(value - float(reference.detach())) <= 1e-14 * abs(value)
+    assert torch.allclose(grad, reference_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_ridge_step_equals_sklearn_ridge():
+    problem = small_problem()
+    gamma = torch.full((6,), 0.4, dtype=torch.float64)
+    ours = problem.ridge(gamma, 0.3).numpy()
+    theirs = Ridge(alpha=0.3, fit_intercept=False, solver="cholesky").fit(
+        problem.features(gamma).numpy(), problem.y.numpy()).coef_
+    assert np.allclose(ours, theirs, rtol=1e-9, atol=1e-12)
+
+
+def test_fista_never_increases_the_objective_and_stays_on_the_simplex():
+    problem = small_problem()
+    size = 3.0
+    gamma = torch.full((6,), size / 6, dtype=torch.float64)
+    coef = problem.ridge(gamma, 0.1)
+    gamma, value, _, history = monotone_fista(problem, gamma, coef, size, lipschitz=1e-3, max_iter=60, tol=0.0)
+    steps = np.diff(history)
+    assert (steps <= 0).all(), steps.max()
+    assert history[-1] < 0.9 * history[0]  # and it does descend
+    assert abs(value - problem.loss(gamma, coef)) <= 1e-15 * value
+    assert bool((gamma >= 0).all()) and abs(float(gamma.sum()) - size) <= 1e-12
+
+
+def test_median_neighbour_distance_equals_brute_force():
+    x = torch.randn(300, 4, dtype=torch.float64)
+    dist = torch.cdist(x, x)
+    dist.fill_diagonal_(math.inf)
+    brute = float(dist.topk(20, dim=1, largest=False).values.median())
+    assert abs(_median_neighbour_distance(x, 20, np.random.default_rng(0)) - brute) <= 1e-12 * brute
+
+
+def test_selects_the_relevant_inputs_and_predicts():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((900, 8))
+    y = np.sin(3 * x[:, 1]) + np.cos(3 * x[:, 4]) + 0.05 * rng.standard_normal(900)
+    model = SRFFRegressor(n_components=100, n_alphas=12, random_state=0).fit(x[:600], y[:600])
+    # The two relevant inputs carry most of the budget c (exact zeros elsewhere need more
+    # data and alternations than a unit test can afford: see experiments/results/selection.md).
+    assert sorted(np.argsort(model.relevance_)[-2:].tolist()) == [1, 4]
+    assert model.relevance_[[1, 4]].sum() > 0.8
+    assert set(model.selected_) >= {1, 4}
+    assert abs(model.relevance_.sum() - 1) <= 1e-12 and (model.relevance_ >= 0).all()
+    assert np.allclose(model.gamma_, model.relevance_ * model.simplex_size_)
+    assert model.score(x[600:], y[600:]) > 0.9
+    assert model.alpha_ in model.alphas_ and len(model.validation_mse_) <= 12
+    # Deterministic under random_state; the irrelevant inputs do not change predictions.
+    again = SRFFRegressor(n_components=100, n_alphas=12, random_state=0).fit(x[:600], y[:600])
+    assert np.array_equal(again.predict(x[600:]), model.predict(x[600:]))
+    dropped = np.setdiff1d(np.arange(8), model.selected_)
+    shuffled = x[600:].copy()
+    shuffled[:, dropped] = rng.standard_normal((300, dropped.size))
+    assert np.allclose(model.predict(shuffled), model.predict(x[600:]), rtol=0, atol=1e-12)
+
+
+def test_fixed_alpha_and_simplex_size_skip_the_search():
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((100, 3)), rng.standard_normal(100)
+    model = SRFFRegressor(n_components=30, alpha=1.0, simplex_size=2.0, random_state=0).fit(x, y)
+    assert model.alpha_ == 1.0 and model.validation_mse_ is None
+    assert model.simplex_size_ == 2.0 and abs(model.gamma_.sum() - 2.0) <= 1e-12
+
+
+def test_works_in_pipelines_and_grid_search():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((120, 3))
+    y = x[:, 0] ** 2 + 0.1 * rng.standard_normal(120)
+    search = GridSearchCV(make_pipeline(StandardScaler(), SRFFRegressor(**SMALL)),
+                          {"srffregressor__n_components": [10, 30]}, cv=2).fit(x, y)
+    assert search.best_params_["srffregressor__n_components"] in (10, 30)
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(n_components=0), "n_components"),
+    (dict(alpha=-1.0), "alpha"),
+    (dict(validation_fraction=1.0), "validation_fraction"),
+    (dict(path_patience=0), "path_patience"),
+    (dict(simplex_size=float("nan")), "simplex_size"),
+])
+def test_rejects_bad_settings(params, message):
+    with pytest.raises(ValueError, match=message):
+        SRFFRegressor(**params).fit(np.ones((10, 2)), np.arange(10.0))

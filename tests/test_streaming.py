@@ -1,0 +1,190 @@
+"""The streamed likelihood equals the in-memory Woodbury path; out-of-core input to fit."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import alacarte
+from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, SpectralMixtureFastfoodKernel
+from alacarte.mll import WoodburyMarginalLogLikelihood
+from alacarte.streaming import ChunkedData, rows_per_chunk, streamed_negative_mll, streamed_statistics
+from streaming_case import make_case
+
+
+def _in_memory_loss_and_grads(model, x, y):
+    """The reference: WoodburyMarginalLogLikelihood on all rows at once (model's standardisation applied)."""
+    model.zero_grad()
+    inner, target = model.internal_inputs(x), (y - model.target_offset) / model.target_scale
+    model.set_train_data(inner, target, strict=False)
+    model.train()
+    loss = -WoodburyMarginalLogLikelihood(model.likelihood, model)(model(inner), target)
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    return loss.detach(), grads
+
+
+def _streamed_loss_and_grads(model, data):
+    model.zero_grad()
+    model.train()
+    loss = streamed_negative_mll(model, data)
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    return loss, grads
+
+
+def _assert_same(a, b, tol=1e-10):
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
+    assert torch.allclose(loss_a, loss_b, rtol=tol, atol=tol), (loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        assert torch.allclose(grads_a[name], grads_b[name], rtol=tol, atol=tol), name
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 20, 61, 1000])
+def test_streamed_loss_and_every_gradient_equal_the_in_memory_path(chunk_size):
+    x, y, model = make_case()
+    with torch.no_grad():  # a non-trivial standardisation, applied chunk by chunk
+        model.set_standardization(x.mean(0), x.std(0), y.mean(), y.std())
+    reference = _in_memory_loss_and_grads(model, x, y)
+    assert all(g.abs().max() > 0 for g in reference[1].values())  # every parameter is exercised
+    assert {"likelihood.noise_covar.raw_noise", "mean_module.raw_constant",
+            "covar_module.raw_radius", "covar_module.raw_lengthscale"} <= reference[1].keys()
+    _assert_same(_streamed_loss_and_grads(model, ChunkedData(x, y, chunk_size=chunk_size)), reference)
+
+
+def test_streamed_gradients_of_a_mixture_kernel_equal_the_in_memory_path():
+    x, y, _ = make_case()
+    kernel = SpectralMixtureFastfoodKernel(3, 16, num_components=2, seed=3)
+    model = FeatureGP(None, None, kernel).double()
+    _assert_same(_streamed_loss_and_grads(model, ChunkedData(x, y, chunk_size=9)), _in_memory_loss_and_grads(model, x, y))
+
+
+def test_memmap_iterator_and_dataloader_inputs_equal_tensors(tmp_path):
+    x, y, model = make_case()
+    reference = _streamed_loss_and_grads(model, ChunkedData(x, y, chunk_size=13))
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    x_map, y_map = np.load(tmp_path / "x.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
+    uneven = [(x[:5], y[:5]), (x[5:40].numpy(), y[5:40].numpy()), (x[40:], y[40:])]
+    loader = DataLoader(TensorDataset(x, y), batch_size=11)
+    for data in (ChunkedData(x_map, y_map, chunk_size=13), ChunkedData(uneven, chunk_size=13),
+                 ChunkedData(loader, memory_budget=2**20)):
+        _assert_same(_streamed_loss_and_grads(model, data), reference, tol=1e-12)
+
+
+def test_chunks_never_exceed_the_chunk_size():
+    x, y, model = make_case()
+    seen = []
+    features = model.covar_module.features
+    model.covar_module.features = lambda inputs: seen.append(inputs.shape[0]) or features(inputs)
+    streamed_negative_mll(model, ChunkedData(x, y, chunk_size=8))
+    assert max(seen) == 8 and sum(seen) == 2 * len(x)  # two passes, chunks of at most 8 rows
+
+
+def test_rows_per_chunk_follows_the_memory_budget():
+    rows = rows_per_chunk(2048, 18, 8, 2**30)
+    assert 5 * 2048**2 * 8 + rows * 6 * 2048 * 8 <= 2**30 < 5 * 2048**2 * 8 + (rows + 1) * 7 * 2048 * 8
+    with pytest.raises(ValueError, match="memory_budget=.* too small"):
+        rows_per_chunk(2048, 18, 8, 100 * 2**20)
+
+
+def test_streamed_fit_from_a_memmap_equals_the_in_memory_fit(tmp_path):
+    x, y, model = make_case()
+    state = copy.deepcopy(model.state_dict())
+    history = alacarte.fit(model, x, y, restarts=2, restart_iter=3, max_iter=15, progress=False)
+    expected_state, expected = copy.deepcopy(model.state_dict()), model.predict(x[:9])
+
+    np.save(tmp_path / "x.npy", x.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    x_map, y_map = np.load(tmp_path / "x.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
+    model.load_state_dict(state)
+    streamed = alacarte.fit(model, x_map, y_map, chunk_size=10, restarts=2, restart_iter=3, max_iter=15, progress=False)
+    assert model.train_inputs is None  # nothing of the training data is held
+    assert len(streamed.loss) == len(history.loss)
+    assert np.allclose(streamed.loss, history.loss, rtol=1e-9, atol=1e-9)
+    for name, value in expected_state.items():
+        assert torch.allclose(model.state_dict()[name], value, rtol=1e-8, atol=1e-8), name
+    pred = model.predict(x[:9])  # from the posterior streamed at the end of the fit
+    for a, b in zip(pred, expected):
+        assert torch.allclose(a, b, rtol=1e-7, atol=1e-7)
+
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    model.load_state_dict(state)
+    alacarte.fit(model, loader, restarts=2, restart_iter=3, max_iter=15, progress=False)
+    for name, value in expected_state.items():
+        assert torch.allclose(model.state_dict()[name], value, rtol=1e-8, atol=1e-8), name
+
+
+def test_cache_posterior_predicts_like_the_in_memory_posterior():
+    x, y, model = make_case()
+    alacarte.fit(model, x, y, restarts=0, max_iter=3, progress=False)
+    expected = model.predict(x[:7])
+    draws = model.sample_functions(3, seed=1)(x[:7])
+    model.cache_posterior([(x[:30], y[:30]), (x[30:], y[30:])], chunk_size=4)
+    assert model.train_inputs is None
+    for a, b in zip(model.predict(x[:7]), expected):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+    assert torch.allclose(model.sample_functions(3, seed=1)(x[:7]), draws, rtol=1e-10, atol=1e-10)
+    model.train()  # the streamed posterior is stale once training resumes
+    with pytest.raises(ValueError, match="cache_posterior"):
+        model.eval().predict(x[:7])
+
+
+def test_float64_statistics_keep_a_float32_model_accurate():
+    # Small noise and many features: A = ΦᵀΦ + σ²I spans ~7 decades, beyond float32.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 4, generator=gen, dtype=torch.float64)
+    y = torch.sin(2 * x[:, 0]) * x[:, 1] + 0.01 * torch.randn(2000, generator=gen, dtype=torch.float64)
+    model64 = FeatureGP(None, None, FSARDKernel(4, 128, ard_num_dims=4, seed=0)).double()
+    model64.likelihood.noise = 1e-4
+    model32 = FeatureGP(None, None, FSARDKernel(4, 128, ard_num_dims=4, seed=0))
+    model32.load_state_dict(model64.state_dict())
+
+    def flat(grads):
+        return torch.cat([g.reshape(-1).double() for g in grads.values()])
+
+    loss, grads = _streamed_loss_and_grads(model64, ChunkedData(x, y, chunk_size=500))
+    wide_loss, wide_grads = _streamed_loss_and_grads(model32, ChunkedData(x, y, chunk_size=500, statistics_dtype=torch.float64))
+    plain_loss, plain_grads = _in_memory_loss_and_grads(model32, x.float(), y.float())
+    assert wide_loss.dtype == torch.float64 and plain_loss.dtype == torch.float32
+
+    def error(other_loss, other_grads):
+        return (abs(float(other_loss) - float(loss)) / abs(float(loss)),
+                float((flat(other_grads) - flat(grads)).norm() / flat(grads).norm()))
+
+    wide, plain = error(wide_loss, wide_grads), error(plain_loss, plain_grads)
+    assert wide[0] < 1e-6 and wide[1] < 1e-5, wide
+    assert plain[0] > 10 * wide[0] and plain[1] > 10 * wide[1], (plain, wide)
+
+    # fit takes the same option; the in-memory tensors are then streamed.
+    history = alacarte.fit(model32, x.float()[:500], y.float()[:500], statistics_dtype=torch.float64,
+                           restarts=0, max_iter=3, progress=False)
+    assert history.iterations == 3 and np.isfinite(history.loss).all()
+
+
+def test_streaming_refuses_bad_input(tmp_path):
+    x, y, model = make_case()
+    with pytest.raises(ValueError, match="ExactRBFGP needs all rows in memory"):
+        alacarte.fit(ExactRBFGP(None, None, num_dims=3), x, y, chunk_size=10)
+    with pytest.raises(ValueError, match="one-shot iterator"):
+        alacarte.fit(model, ((x[i : i + 10], y[i : i + 10]) for i in range(0, 61, 10)))
+    with pytest.raises(ValueError, match="chunk_size or memory_budget, not both"):
+        ChunkedData(x, y, chunk_size=3, memory_budget=2**20)
+    with pytest.raises(ValueError, match="y is required"):
+        alacarte.fit(model, x)
+    with pytest.raises(ValueError, match="y has 60 values but x has 61 rows"):
+        ChunkedData(x, y[:-1])
+    with pytest.raises(ValueError, match=r"\(x, y\) pair"):
+        streamed_negative_mll(model, ChunkedData([x, y]))
+    bad = x.numpy().copy()
+    bad[33, 1] = np.nan
+    np.save(tmp_path / "bad.npy", bad)
+    with pytest.raises(ValueError, match=r"x \(rows 30–39\) contains 1 non-finite value\(s\) \(NaN\)"):
+        streamed_statistics(model, ChunkedData(np.load(tmp_path / "bad.npy", mmap_mode="r"), y, chunk_size=10))
+    with pytest.raises(ValueError, match="the model expects 3 input dimensions"):
+        streamed_statistics(model, ChunkedData([(x[:, :2], y)]))
+    with pytest.raises(ValueError, match="statistics_dtype"):
+        ChunkedData(x, y, statistics_dtype=torch.float16)
