@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from .datasets import make_se1
 from .factory import KERNEL_NAMES
-from .kernels import FSARDKernel
+from .kernels import FeatureKernel, FSARDKernel
 from .models import ExactRBFGP, FeatureGP
 from .training import fit
 
@@ -230,6 +230,8 @@ def _plot(args: argparse.Namespace) -> int:
 
     reg, metadata = _load_regressor(args.model)
     kernel = reg.model_.covar_module
+    if not isinstance(kernel, FeatureKernel):
+        raise ValueError(f"{args.model} is an exact GP ({reg.kernel}): it has no learned spectrum to draw")
     out = Path(args.out) if args.out else Path(args.model).with_suffix(".png")
     title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata['target']}"
     save_kernel_figure(kernel, out, title=title, names=metadata["columns"])

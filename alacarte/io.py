@@ -150,6 +150,18 @@ def _cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in tensors.items()}
 
 
+def _frozen(module: torch.nn.Module) -> list[str]:
+    """Parameters excluded from training (e.g. ``learn_simplex_size=False``): a state dict does not say."""
+    return [name for name, p in module.named_parameters() if not p.requires_grad]
+
+
+def _load_state(module: torch.nn.Module, record: dict[str, Any]) -> None:
+    module.load_state_dict(record["state_dict"])
+    frozen = set(record.get("frozen", ()))
+    for name, p in module.named_parameters():
+        p.requires_grad_(name not in frozen)
+
+
 def _model_record(model: Model) -> dict[str, Any]:
     if not isinstance(model, (FeatureGP, ExactRBFGP)):
         raise ValueError(f"save_model takes a FeatureGP, an ExactRBFGP or an AlaCarteRegressor, got {type(model).__name__}")
@@ -161,6 +173,7 @@ def _model_record(model: Model) -> dict[str, Any]:
         record["class"] = "ExactRBFGP"
         record["ard"] = model.covar_module.base_kernel.ard_num_dims is not None
     record["state_dict"] = _cpu(model.state_dict())
+    record["frozen"] = _frozen(model)
     if model.train_inputs is not None:
         record.update(_cpu({"train_inputs": model.train_inputs[0], "train_targets": model.train_targets}))
         if isinstance(model, FeatureGP):
@@ -184,7 +197,7 @@ def _build_model(record: dict[str, Any]) -> Model:
             model = ExactRBFGP(None, None, num_dims=record["num_dims"], ard=record["ard"])
         else:
             raise ValueError(f"the model file holds an unknown model class {record['class']!r}")
-    model.load_state_dict(record["state_dict"])
+    _load_state(model, record)
     if "train_inputs" in record:
         model.set_train_data(record["train_inputs"], record["train_targets"], strict=False)
     model.eval()
@@ -216,7 +229,7 @@ def _floating_dtype(module: torch.nn.Module) -> torch.dtype:
 
 def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
     record = {"object": _kernel_record(kernel), "dtype": _dtype_name(_floating_dtype(kernel)),
-              "state_dict": _cpu(kernel.state_dict())}
+              "state_dict": _cpu(kernel.state_dict()), "frozen": _frozen(kernel)}
     try:
         rebuilt = _build_kernel_object(record)
     except (RuntimeError, TypeError, ValueError) as err:
@@ -229,7 +242,7 @@ def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
 def _build_kernel_object(record: dict[str, Any]) -> FeatureKernel:
     with default_dtype(_DTYPES[record["dtype"]]):
         kernel = _build_kernel(record["object"])
-    kernel.load_state_dict(record["state_dict"])
+    _load_state(kernel, record)
     return kernel
 
 

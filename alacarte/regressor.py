@@ -29,21 +29,16 @@ def _as_seed(random_state) -> int:
 def kernel_relevance(model) -> np.ndarray:
     """Normalised relevance of each input dimension of a fitted model.
 
-    The kernel's own ``relevance`` when it defines one (variable-selection
-    kernels), otherwise inverse ARD lengthscales (GM: Σ_q w_q σ_qj; SSGPR: RMS
-    frequency per input; an exact GP's RBF/ARD lengthscales), normalised to sum
-    to one.  Lengthscales act on standardised inputs, so relevances compare
-    inputs independently of their units.
+    A feature kernel's :attr:`~alacarte.FeatureKernel.relevance` (π for
+    simplex-ARD kernels — exact zeros for unused inputs —, normalised inverse
+    lengthscales otherwise; GM: Σ_q w_q σ_qj; SSGPR: RMS frequency per input);
+    for an exact GP its normalised inverse RBF/ARD lengthscales.  Lengthscales
+    act on standardised inputs, so relevances compare inputs independently of
+    their units.
     """
     kernel = model.covar_module
-    own = getattr(kernel, "relevance", None)
-    if own is not None:
-        values = own() if callable(own) else own
-        values = np.asarray(torch.as_tensor(values).detach().cpu().double()).reshape(-1)
-    elif isinstance(kernel, FeatureKernel):
-        from .plotting import relevance
-
-        return relevance(kernel)
+    if isinstance(kernel, FeatureKernel):
+        values = kernel.relevance.cpu().double().numpy().reshape(-1)
     else:  # ExactRBFGP: ScaleKernel(RBFKernel)
         inverse = 1.0 / kernel.base_kernel.lengthscale.detach().cpu().double().numpy().reshape(-1)
         values = np.broadcast_to(inverse, (model.num_dims,)).copy()

@@ -119,6 +119,15 @@ def test_bad_csv_files_fail_with_one_line(tmp_path, capsys, content, message):
     assert __import__("re").search(message, err), err
 
 
+def test_plot_of_an_exact_gp_is_a_clear_error(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", ["a", "y"], [[0, 1], [1, 2], [2, 1.5], [3, 0.5]])
+    model = str(tmp_path / "exact.alacarte")
+    assert main(["fit", data, "--target", "y", "--kernel", "exact-rbf", "--out", model, *SMALL]) == 0
+    capsys.readouterr()
+    assert main(["plot", model]) == 2
+    assert "exact GP (exact-rbf): it has no learned spectrum" in capsys.readouterr().err
+
+
 def test_bad_model_and_missing_columns_fail_with_one_line(fitted, tmp_path, capsys):
     _, model, _, _, _ = fitted
     no_b = write_csv(tmp_path / "no_b.csv", ["a", "c"], [[1, 2]])

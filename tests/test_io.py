@@ -52,6 +52,22 @@ def test_save_load_gives_bit_identical_predictions(name, tmp_path):
     ac.fit(loaded, *data(), max_iter=2, restarts=0, progress=False)  # and it trains on
 
 
+@pytest.mark.parametrize("learn_simplex_size", [True, False])
+def test_simplex_kernels_and_frozen_parameters_round_trip(learn_simplex_size, tmp_path):
+    x, y = data()
+    kernel = ac.FSARDKernel(3, 16, ard_num_dims=3, simplex=True, learn_simplex_size=learn_simplex_size, seed=0)
+    model = ac.FeatureGP(None, None, kernel).double()
+    model.likelihood.raw_noise.requires_grad_(False)  # a parameter the user froze
+    ac.fit(model, x, y, max_iter=5, restarts=0, progress=False)
+    loaded = load_model(save_model(model, tmp_path / "s.alacarte"))
+    assert loaded.covar_module.simplex
+    assert {n: p.requires_grad for n, p in loaded.named_parameters()} == \
+        {n: p.requires_grad for n, p in model.named_parameters()}
+    assert loaded.covar_module.raw_simplex_size.requires_grad is learn_simplex_size
+    assert torch.equal(loaded.predict(x).mean, model.predict(x).mean)
+    assert torch.equal(loaded.covar_module.selected(), model.covar_module.selected())
+
+
 def test_regressor_round_trip_with_metadata_and_kernel_object(tmp_path):
     x, y = data()
     kernel = ac.PiecewiseLinearRadialKernel(3, 16, num_components=2, ard_num_dims=3, seed=4)

@@ -132,20 +132,16 @@ def test_sample_y_draws_the_latent_posterior(name):
     assert np.allclose(np.cov(draws), cov, atol=0.1 * sd.max() ** 2)
 
 
-def test_relevance_uses_the_kernels_own_or_inverse_lengthscales():
+def test_relevance_is_the_kernels_or_inverse_lengthscales():
     x, y = data(n=50)
     reg = AlaCarteRegressor("fsard", **SMALL).fit(x, y)
     inverse = 1 / reg.model_.covar_module.lengthscale.detach().numpy().ravel()
     assert np.allclose(reg.relevance_, inverse / inverse.sum())
     assert reg.relevance_[2] < reg.relevance_[0]  # x₂ does not enter y
 
-    class SelectingKernel(ac.FSARDKernel):
-        @property
-        def relevance(self):
-            return torch.tensor([3.0, 1.0, 0.0])
-
-    reg = AlaCarteRegressor(SelectingKernel(3, 16, ard_num_dims=3, seed=0), **SMALL).fit(x, y)
-    assert np.allclose(reg.relevance_, [0.75, 0.25, 0.0])
+    simplex = AlaCarteRegressor(ac.FSARDKernel(3, 16, ard_num_dims=3, simplex=True, seed=0), **SMALL).fit(x, y)
+    pi = simplex.model_.covar_module.simplex_weights.detach().numpy().ravel()
+    assert np.allclose(simplex.relevance_, pi) and np.all(pi >= 0) and abs(pi.sum() - 1) < 1e-9
     exact = AlaCarteRegressor("exact-rbf", **SMALL).fit(x, y)
     assert np.allclose(exact.relevance_, 1 / 3)
 

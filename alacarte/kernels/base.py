@@ -185,7 +185,7 @@ class FeatureKernel(Kernel):
 
     @property
     def relevance(self) -> Tensor:
-        """Relative importance of each input, shape (*batch, d), non-negative, summing to one.
+        """Relative importance of each input, shape ``(*batch, d)``, non-negative, summing to one.
 
         π for simplex kernels (exact zeros: inputs not used); normalised inverse
         lengthscales otherwise (uniform for isotropic kernels)."""

@@ -85,5 +85,5 @@ class SSGPRKernel(FeatureKernel):
 
     @property
     def relevance(self) -> Tensor:
-        """Root-mean-square frequency per input, normalised to sum to one; shape (*batch, d)."""
+        """Root-mean-square frequency per input, normalised to sum to one; shape ``(*batch, d)``."""
         return self._normalise(self.frequencies.detach().pow(2).mean(-2).sqrt())

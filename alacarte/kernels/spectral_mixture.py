@@ -102,7 +102,7 @@ class SpectralMixtureFastfoodKernel(FastfoodMixtureKernel):
 
     @property
     def relevance(self) -> Tensor:
-        """Σ_q w_q σ_qj per input j, normalised to sum to one; shape (*batch, d)."""
+        """Σ_q w_q σ_qj per input j, normalised to sum to one; shape ``(*batch, d)``."""
         return self._normalise((self.weights.unsqueeze(-1) * self.scales).sum(-2).detach())
 
     def expected_kernel(self, x1: Tensor, x2: Tensor) -> Tensor:

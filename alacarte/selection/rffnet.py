@@ -295,9 +295,9 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
             ``selected_``.
         random_state: seed for the split, the random map and the mini-batches.
 
-    Fitted attributes: ``relevance_`` (|λ| scaled to [0, 1], per input),
+    Fitted attributes: ``relevance_`` (``|λ|`` scaled to [0, 1], per input),
     ``selected_`` (indices of inputs with relevance above the threshold),
-    ``input_scales_`` (|λ| in the input's own units: an inverse lengthscale),
+    ``input_scales_`` (``|λ|`` in the input's own units: an inverse lengthscale),
     ``coef_``/``intercept_`` (β, b₀), ``validation_loss_`` (per epoch),
     ``best_epoch_`` (the epoch restored), ``n_random_features_``.
 
