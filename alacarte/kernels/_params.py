@@ -9,7 +9,6 @@ declare ``radius = ConstrainedParameter()`` and call the function once.
 from __future__ import annotations
 
 import functools
-import operator
 
 import torch
 from gpytorch.constraints import Interval
@@ -33,6 +32,10 @@ class ConstrainedParameter:
         _set_constrained(self.name, module, value)
 
 
+def _get_constrained(name: str, module) -> Tensor:
+    return getattr(module, name)
+
+
 def _set_constrained(name: str, module, value) -> None:
     raw = getattr(module, f"raw_{name}")
     value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
@@ -53,7 +56,8 @@ def register_constrained_parameter(
     module.register_parameter(f"raw_{name}", torch.nn.Parameter(constraint.inverse_transform(value)))
     module.register_constraint(f"raw_{name}", constraint)
     if prior is not None:
-        # attrgetter/partial rather than lambdas: kernels must stay picklable.
+        # partials of module-level functions rather than lambdas: kernels must stay picklable, and
+        # GPyTorch inspects the closures' signatures (which operator.attrgetter does not have).
         module.register_prior(
-            f"{name}_prior", prior, operator.attrgetter(name), functools.partial(_set_constrained, name)
+            f"{name}_prior", prior, functools.partial(_get_constrained, name), functools.partial(_set_constrained, name)
         )
