@@ -225,8 +225,8 @@ def render(args, done: dict, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, 2 cores **shared with four other agents' jobs during the run "
-        "(load average 15–20 on 2 cores)**, so wall-clock seconds mostly measure waiting for a core; "
+        f"Machine: {platform.machine()}, 2 cores **shared with other jobs during the runs "
+        "(load average 4–20 on 2 cores)**, so wall-clock seconds mostly measure waiting for a core; "
         f"the CPU seconds of each one-thread process are the comparable measure. torch {torch.__version__}. "
         "SE1-like data (d = 18), FSARD, float64. One evaluation = negative log marginal likelihood + "
         "gradient of every parameter, timed once in a fresh process (no warm-up; at these sizes set-up is "
@@ -253,17 +253,17 @@ def render(args, done: dict, command: str) -> str:
         lines.append(f"| {config} | {n:,} | {m} | {r['cpu_seconds']:.1f} | {ratio} | {r['seconds']:.1f} | "
                      f"{r['peak_rss'] / 2**30:.2f} | {r['loss']:.6f} |")
     lines.append("")
-    m_scaling = args.scaling_samples
-    streamed = sorted((n, done[_key("streamed", n, m_scaling)]["cpu_seconds"]) for n in args.scaling_ns
-                      if _key("streamed", n, m_scaling) in done)
-    if len(streamed) >= 2:
-        ns_, ts = np.array([s[0] for s in streamed], float), np.array([s[1] for s in streamed])
-        slope, intercept = np.polyfit(ns_, ts, 1)
-        log_slope = np.polyfit(np.log(ns_), np.log(ts), 1)[0]
-        worst = np.max(np.abs(ts - (intercept + slope * ns_)) / ts)
-        lines.append(f"Streamed CPU time vs n (M = {m_scaling}): least-squares line t = {intercept:.2f} s + "
-                     f"{slope * 1e6:.1f} s per 10⁶ rows (largest deviation {100 * worst:.1f}%); "
-                     f"log-log slope {log_slope:.3f} (1 = linear).")
+    for m_scaling in sorted({args.scaling_samples, NUM_SAMPLES}):
+        streamed = sorted((n, done[_key("streamed", n, m_scaling)]["cpu_seconds"])
+                          for n in set(args.scaling_ns) | {args.n} if _key("streamed", n, m_scaling) in done)
+        if len(streamed) >= 3:
+            ns_, ts = np.array([s[0] for s in streamed], float), np.array([s[1] for s in streamed])
+            slope, intercept = np.polyfit(ns_, ts, 1)
+            log_slope = np.polyfit(np.log(ns_), np.log(ts), 1)[0]
+            worst = np.max(np.abs(ts - (intercept + slope * ns_)) / ts)
+            lines.append(f"Streamed CPU time vs n (D = {2 * m_scaling}): least-squares line t = {intercept:.2f} s + "
+                         f"{slope * 1e6:.1f} s per 10⁶ rows (largest deviation {100 * worst:.1f}%); "
+                         f"log-log slope {log_slope:.3f} (1 = linear).")
     n, m = args.n, NUM_SAMPLES
     full = sorted((big, done[_key("streamed", big, m)]["cpu_seconds"]) for big in set(args.scaling_ns) | {n}
                   if _key("streamed", big, m) in done)
