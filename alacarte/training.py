@@ -105,7 +105,9 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
             losses.append(loss)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.5g}")
-            if previous is not None and abs(previous - loss) <= tolerance * max(1.0, abs(loss)):
+            # π still moving (towards exact zeros, often at no visible change of the loss) is not convergence.
+            pi_settled = not (simplex and simplex.moved)
+            if previous is not None and pi_settled and abs(previous - loss) <= tolerance * max(1.0, abs(loss)):
                 calm += 1
                 if calm >= 3:
                     return losses, True

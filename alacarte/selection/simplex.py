@@ -84,6 +84,7 @@ class SimplexStep:
         self._momentum = 1.0
         self._previous: list[Tensor] | None = None  # π_{k-1}
         self._trial: list[Tensor] | None = None  # u_k
+        self.moved = False  # whether the last call of step() changed π
 
     def __bool__(self) -> bool:
         return bool(self.modules)
@@ -100,9 +101,10 @@ class SimplexStep:
 
         π moves more slowly than the smooth parameters (its step is limited by the
         curvature along the simplex), so each call takes a few steps."""
-        value = math.nan
+        value, self.moved = math.nan, False
         for _ in range(steps):
             value, moved = self._single_step(objective)
+            self.moved |= moved
             if not moved:
                 break
         return value
