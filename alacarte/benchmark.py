@@ -81,7 +81,11 @@ def _run_cell(cell: tuple) -> dict:
     import alacarte as ac
     from alacarte.factory import make_model
 
+    from threadpoolctl import threadpool_limits
+
     torch.set_num_threads(cfg["threads"])
+    # scipy's BLAS (syrk/symm of the Gram matrix) has a thread pool of its own.
+    threadpool_limits(cfg["threads"])
     torch.set_default_dtype(torch.float64)
     data = ac.load_uci(dataset, split, cfg["data"])
     n_train, d = data.x_train.shape
