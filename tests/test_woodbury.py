@@ -1,8 +1,11 @@
 """The Woodbury building blocks against dense autograd and finite differences."""
+import math
+
+import pytest
 import torch
 
 from alacarte.features.fourier import fourier_features
-from alacarte.woodbury import negative_log_marginal_likelihood, sufficient_statistics
+from alacarte.woodbury import SufficientStatistics, negative_log_marginal_likelihood, sufficient_statistics
 
 
 def test_statistics_and_their_gradients_equal_autograd_of_the_plain_formulas():
@@ -27,6 +30,33 @@ def test_gradcheck_of_the_likelihood():
     noise = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
     fn = lambda p, q, s: negative_log_marginal_likelihood(sufficient_statistics(p, q), s)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (phi, r, noise))
+
+
+@pytest.mark.parametrize(
+    "batch, noise_shape, n, num_features",
+    [((), (), 30, 6), ((), (1,), 4, 9), ((3,), (3,), 20, 5), ((2, 3), (1,), 7, 10), ((2, 3), (2, 1), 25, 4)],
+)
+def test_closed_form_adjoint_equals_autograd_of_the_dense_formula(batch, noise_shape, n, num_features):
+    """The loss's closed-form adjoint against autograd through logdet and solve (independent of
+    the Cholesky factor), for D < n and D > n, batches, and a noise that broadcasts."""
+    phi = torch.randn(*batch, n, num_features, dtype=torch.float64)
+    r = torch.randn(*batch, n, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_() for t in
+              (phi.transpose(-1, -2) @ phi, (r.unsqueeze(-2) @ phi).squeeze(-2), (r * r).sum(-1))]
+    noise = (torch.rand(noise_shape, dtype=torch.float64) + 0.2).requires_grad_()
+    ours = negative_log_marginal_likelihood(SufficientStatistics(*leaves, n=n), noise)
+    gram, phi_r, r_r = leaves
+    a = gram + noise[..., None, None] * torch.eye(num_features, dtype=torch.float64)
+    quad = (phi_r.unsqueeze(-2) @ torch.linalg.solve(a, phi_r.unsqueeze(-1))).squeeze(-1).squeeze(-1)
+    dense = 0.5 * ((r_r - quad) / noise + torch.logdet(a) + (n - num_features) * noise.log()
+                   + n * math.log(2 * math.pi))
+    assert ours.shape == dense.shape
+    assert torch.allclose(ours, dense, rtol=1e-12, atol=0)
+    weights = torch.randn(dense.shape, dtype=torch.float64)
+    for a_grad, b_grad in zip(torch.autograd.grad((ours * weights).sum(), (*leaves, noise)),
+                              torch.autograd.grad((dense * weights).sum(), (*leaves, noise))):
+        assert a_grad.shape == b_grad.shape
+        assert torch.allclose(a_grad, b_grad, rtol=1e-10, atol=1e-12)
 
 
 def test_gradcheck_of_fourier_features():
