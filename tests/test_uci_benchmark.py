@@ -39,6 +39,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
                              str(whole)], check=True, capture_output=True, text=True, timeout=60).stdout
     assert "| yacht |" in report and "0.13 ± 0.06" in report  # the paper's FSARD value beside ours
     assert "**datasets won** (ours)" in report and "within 10% on" in report
+    assert "| **within 5%** |" in report  # each method against the paper's same method
 
 
 def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path):
