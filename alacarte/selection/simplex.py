@@ -78,10 +78,13 @@ class SimplexStep:
     max_backtracks = 40
 
     def __init__(self, model: torch.nn.Module, step_size: float = 1.0):
-        self.modules = [m for m in model.modules() if getattr(m, "simplex", False) and hasattr(m, "project_")]
+        # A frozen π (requires_grad=False) is left as it is, like any frozen parameter.
+        self.modules = [m for m in model.modules() if getattr(m, "simplex", False) and hasattr(m, "project_")
+                        and m.simplex_weights.requires_grad]
         self.parameters = [m.simplex_weights for m in self.modules]
         self.step_size = step_size
-        self._momentum = 1.0
+        self._momentum = 1.0  # t_k
+        self._extrapolation = (0.0, 0.0)  # (t_{k-1}/t_k, (t_{k-1} − 1)/t_k), set when a step is accepted
         self._previous: list[Tensor] | None = None  # π_{k-1}
         self._trial: list[Tensor] | None = None  # u_k
         self.moved = False  # whether the last call of step() changed π
@@ -122,25 +125,45 @@ class SimplexStep:
             return math.nan
         return value if math.isfinite(value) else math.nan
 
+    def _value_and_gradient(self, objective) -> tuple[float, list[Tensor] | None]:
+        """f and ∇_π f at the current π; ``(nan, None)`` where either is not finite or the
+        factorisation fails."""
+        try:
+            with torch.enable_grad():
+                value = objective()
+                grads = torch.autograd.grad(value, self.parameters, allow_unused=True)
+        except (RuntimeError, ValueError):
+            return math.nan, None
+        value = float(value.detach())
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.parameters, grads)]
+        if not math.isfinite(value) or not all(bool(torch.isfinite(g).all()) for g in grads):
+            return math.nan, None
+        return value, grads
+
+    def _restart(self) -> None:
+        self._momentum, self._previous, self._trial = 1.0, None, None
+
     def _single_step(self, objective) -> tuple[float, bool]:
         self.project_()
         for p in self.parameters:
             p.grad = None  # the optimiser's closure accumulates these; π uses its own gradient
         current = [p.detach().clone() for p in self.parameters]
-        next_momentum = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * self._momentum**2))
         current_value = math.nan
-        if self._previous is None:
-            point = current
-        else:
+        point = current
+        if self._previous is not None:
             current_value = self._evaluate(objective)
-            a, b = self._momentum / next_momentum, (self._momentum - 1.0) / next_momentum
+            a, b = self._extrapolation
             point = [c + a * (u - c) + b * (c - q) for c, u, q in zip(current, self._trial, self._previous)]
         self._set(point)
-        with torch.enable_grad():
-            value = objective()
-            grads = torch.autograd.grad(value, self.parameters, allow_unused=True)
-        value = float(value.detach())
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.parameters, grads)]
+        value, grads = self._value_and_gradient(objective)
+        if grads is None and point is not current:  # the extrapolated point is unusable: restart from π
+            point = current
+            self._set(current)
+            value, grads = self._value_and_gradient(objective)
+        if grads is None:
+            self._set(current)
+            self._restart()
+            return current_value, False
         if point is current:
             current_value = value
         s = self.step_size
@@ -165,8 +188,11 @@ class SimplexStep:
         self._previous, self._trial = current, trial
         if accepted:
             self._set(trial)
+            # Beck & Teboulle: the next extrapolation uses t_k/t_{k+1} and (t_k − 1)/t_{k+1}.
+            next_momentum = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * self._momentum**2))
+            self._extrapolation = (self._momentum / next_momentum, (self._momentum - 1.0) / next_momentum)
             self._momentum = next_momentum
             return trial_value, any(not torch.equal(u, c) for u, c in zip(trial, current))
         self._set(current)  # no decrease: stay, and restart the momentum
-        self._momentum, self._previous, self._trial = 1.0, None, None
+        self._restart()
         return current_value, False
