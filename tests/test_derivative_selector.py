@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.optimize import minimize
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.estimator_checks import check_estimator
 
 from alacarte.datasets import make_rosasco, rosasco_split
@@ -148,6 +149,22 @@ def test_rosasco_generators():
     assert not np.array_equal(split["train"][1], rosasco_split("f2", seed=4)["train"][1])
     with pytest.raises(ValueError, match="function must be one of"):
         make_rosasco("f4", 10)
+    with pytest.raises(ValueError, match="noise_fraction"):
+        make_rosasco("f1", 10, noise_fraction=float("inf"))
+    for bad in ({"n_train": -10}, {"n_train": 0}, {"n_validation": 0}, {"n_test": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            rosasco_split("f1", **bad)
+    with pytest.raises(ValueError, match="fixed test set"):
+        rosasco_split("f2", seed=10_001)
+
+
+def test_warm_start_with_other_inputs_starts_cold_and_non_convergence_warns():
+    x, y, _ = make_rosasco("f2", 40, seed=2)
+    model = DerivativeSelector(tau=0.5, gamma=0.2, tol=1e-8, warm_start=True).fit(x, y)
+    model.fit(x[:, :4], y)  # same n, other d: not a warm start
+    assert model.derivative_coef_.shape == (40, 4)
+    with pytest.warns(ConvergenceWarning, match="did not converge"):
+        DerivativeSelector(tau=0.5, gamma=0.2, tol=1e-14, max_iter=2).fit(x, y)
 
 
 def test_sklearn_estimator_checks():

@@ -6,6 +6,8 @@ deterministic under ``seed`` (numpy's PCG64).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._validation import check_positive_int
@@ -68,8 +70,8 @@ def make_rosasco(
     if function not in _ROSASCO_FUNCTIONS:
         raise ValueError(f"function must be one of {sorted(_ROSASCO_FUNCTIONS)}, got {function!r}")
     check_positive_int(n, "n")
-    if not noise_fraction >= 0:
-        raise ValueError(f"noise_fraction must be non-negative, got {noise_fraction!r}")
+    if not (noise_fraction >= 0 and math.isfinite(noise_fraction)):
+        raise ValueError(f"noise_fraction must be finite and non-negative, got {noise_fraction!r}")
     rng = np.random.default_rng(seed)
     x = rng.uniform(-3.0, 3.0, (n, 6))
     noise_std = np.sqrt(noise_fraction * ROSASCO_MEAN_ABS[function])
@@ -83,7 +85,11 @@ def rosasco_split(function: str, seed: int = 0, n_train: int = 80, n_validation:
     (200) sets; returns ``{"train": (x, y), "validation": ..., "test": ...}``.
     The test set depends only on ``function`` (the paper keeps it fixed across
     replications); train and validation sets change with ``seed``."""
+    for value, name in ((n_train, "n_train"), (n_validation, "n_validation"), (n_test, "n_test")):
+        check_positive_int(value, name)
     offset = {"f1": 0, "f2": 1, "f3": 2}.get(function, 0)
+    if seed == 10_000 + offset:
+        raise ValueError(f"seed {seed} draws the fixed test set of {function}; choose another seed")
     x_test, y_test, _ = make_rosasco(function, n_test, seed=10_000 + offset, noise_fraction=noise_fraction)
     x, y, _ = make_rosasco(function, n_train + n_validation, seed=seed, noise_fraction=noise_fraction)
     return {

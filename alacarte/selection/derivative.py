@@ -48,10 +48,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -199,7 +201,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         eta = 1.0 / _top_eigenvalue(L)
         radius = self.tau / (2 * sigma)
 
-        warm = self.warm_start and getattr(self, "dual_coef_", None) is not None and self.dual_coef_.shape == (n,)
+        warm = (self.warm_start and getattr(self, "dual_coef_", None) is not None and self.dual_coef_.shape == (n,)
+                and self.derivative_coef_.shape == (n, d))
         alpha = torch.from_numpy(self.dual_coef_.copy()) if warm else torch.zeros(n, dtype=torch.float64)
         beta = torch.from_numpy(self.derivative_coef_.T.reshape(-1).copy()) if warm else torch.zeros(n * d, dtype=torch.float64)
 
@@ -232,6 +235,9 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.dual_coef_ = alpha.numpy().copy()
         self.derivative_coef_ = beta.reshape(d, n).T.numpy().copy()
         self.n_iter_, self.n_inner_iter_, self.converged_ = it, inner_total, converged
+        if not converged:
+            warnings.warn(f"DerivativeSelector did not converge in max_iter={self.max_iter} iterations "
+                          f"(tol={self.tol}); raise max_iter or tol", ConvergenceWarning, stacklevel=2)
         # D̂ⱼ f = Zⱼᵀα + Lⱼβ: the partial derivatives at the training points
         grads = (Z.T @ alpha + L @ beta).reshape(d, n)
         self.derivative_norms_ = grads.square().mean(1).sqrt().numpy()
