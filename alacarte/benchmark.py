@@ -30,6 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 __all__ = ["METHODS", "main", "run", "report"]
@@ -80,8 +81,6 @@ def _run_cell(cell: tuple) -> dict:
 
     import alacarte as ac
     from alacarte.factory import make_model
-
-    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(cfg["threads"])
     # scipy's BLAS (syrk/symm of the Gram matrix) has a thread pool of its own.
