@@ -123,3 +123,12 @@ def test_works_in_pipelines_and_grid_search():
 def test_rejects_bad_settings(params, message):
     with pytest.raises(ValueError, match=message):
         SRFFRegressor(**params).fit(np.ones((10, 2)), np.arange(10.0))
+
+
+def test_refuses_to_choose_alpha_without_validation_rows():
+    """Too few rows to hold any out: a clear error, not a silently unregularised model."""
+    x, y = np.random.default_rng(3).standard_normal((20, 2)), np.arange(20.0)
+    with pytest.raises(ValueError, match="holds out 0"):
+        SRFFRegressor(n_components=10, validation_fraction=0.01).fit(x, y)
+    model = SRFFRegressor(n_components=10, validation_fraction=0.01, alpha=0.5, random_state=0).fit(x, y)
+    assert model.alpha_ == 0.5

@@ -173,6 +173,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         n_alphas: size of the λ grid (paper: 50).
         validation_fraction: share of the rows held out to choose λ (only when
             ``alpha`` is None); the final model is the one trained without them.
+            Too few rows to hold one out (and keep two) is a ``ValueError``.
         simplex_size: ``c``; ``None`` uses ``d/σ_med``.
         n_neighbors: neighbours in the σ_med rule (paper: 20).
         max_iter: alternations (ridge solve + γ step) per λ.
@@ -271,7 +272,13 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         eps, offset = torch.tensor(self.random_weights_), torch.tensor(self.random_offset_)
 
         n_val = int(round(self.validation_fraction * n))
-        choose = self.alpha is None and self.n_alphas > 1 and n_val >= 1 and n - n_val >= 2
+        choose = self.alpha is None and self.n_alphas > 1
+        if choose and (n_val < 1 or n - n_val < 2):
+            raise ValueError(
+                f"choosing alpha needs at least 1 validation row and 2 training rows; n_samples = {n} with "
+                f"validation_fraction = {self.validation_fraction} holds out {n_val}: pass alpha=..., "
+                "or a larger validation_fraction"
+            )
         if choose:
             order = np.random.default_rng(seeds[1]).permutation(n)
             val, train = torch.as_tensor(order[:n_val]), torch.as_tensor(order[n_val:])
