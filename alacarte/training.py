@@ -64,16 +64,32 @@ def _negative_mll(model, x, y, backward: bool):
     return loss
 
 
+# Function evaluations one L-BFGS iteration may spend, line search included.
+_LBFGS_MAX_EVAL = 25
+
+
+def _make_optimizer(params, optimizer: str, lr: float | None) -> torch.optim.Optimizer:
+    """L-BFGS taking one iteration per ``step()`` (strong-Wolfe line search), or Adam.
+
+    ``max_eval`` must be given: torch defaults it to ``max_iter·5//4``, which is 1
+    for one iteration, and the line search gets the budget left after the first
+    evaluation — none — so it can never backtrack: it keeps an overshooting trial
+    step's point only if it happens to be lower, and otherwise stays put, the
+    iteration after it stays put again, and the fit stalls short of a minimum.
+    """
+    if optimizer == "lbfgs":
+        return torch.optim.LBFGS(params, lr=lr or 1.0, max_iter=1, max_eval=_LBFGS_MAX_EVAL, history_size=20,
+                                 line_search_fn="strong_wolfe")
+    return torch.optim.Adam(params, lr=lr or 0.05)
+
+
 def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, bar) -> tuple[list[float], bool]:
     """Run the optimiser from the model's current state; returns (losses, converged)."""
     model.train()
     # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
     simplex = SimplexStep(model)
     params = [p for p in model.parameters() if p.requires_grad and not simplex.owns(p)]
-    if optimizer == "lbfgs":
-        opt = torch.optim.LBFGS(params, lr=lr or 1.0, max_iter=1, history_size=20, line_search_fn="strong_wolfe")
-    else:
-        opt = torch.optim.Adam(params, lr=lr or 0.05)
+    opt = _make_optimizer(params, optimizer, lr)
 
     def closure():
         opt.zero_grad()

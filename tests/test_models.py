@@ -172,6 +172,38 @@ def test_fit_improves_and_is_deterministic(optimizer):
     assert torch.equal(p1.mean, p2.mean) and torch.equal(p1.variance, p2.variance)
 
 
+def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
+    """One L-BFGS iteration per step(): the first trial step of f(x) = x² from x = 0.1 lands on
+    x = −0.1 (no decrease).  Torch's default evaluation budget for max_iter=1 leaves the line
+    search none, so it stays at 0.1 for ever (fits "converged" where they had stalled); ours
+    must backtrack to the minimum."""
+    from alacarte.training import _make_optimizer
+
+    x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True)
+    opt = _make_optimizer([x], "lbfgs", None)
+
+    def closure():
+        opt.zero_grad()
+        loss = (x * x).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    assert float(x.detach().abs()) < 1e-3
+
+
+def test_a_converged_fit_is_at_a_stationary_point():
+    x, y = toy_data()
+    model = FeatureGP(None, None, alacarte.FastfoodRBFKernel(3, 64, ard_num_dims=3, seed=0)).double()
+    history = fit(model, x, y, max_iter=300, restarts=2, restart_iter=5, progress=False)
+    assert history.converged
+    model.train()
+    loss = -alacarte.WoodburyMarginalLogLikelihood(model.likelihood, model)(model(model.train_inputs[0]),
+                                                                             model.train_targets)
+    grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    assert max(float(g.abs().max()) for g in grads) < 1e-3
+
+
 def test_standardisation_gives_original_units():
     """Predictions come back in the targets' units: equal to a model trained on
     hand-standardised data, mapped back by hand."""
@@ -218,7 +250,7 @@ def test_feature_gp_with_exact_hyperparameters_approaches_exact_gp():
     x_test = toy_data(n=100, seed=1)[0]
     reference = exact.predict(x_test)
     errors = []
-    for m in (64, 1024):
+    for m in (256, 4096):
         approx = FeatureGP(None, None, alacarte.FastfoodRBFKernel(3, m, ard_num_dims=3, seed=0)).double()
         approx.load_state_dict(exact.state_dict(), strict=False)  # mean, noise, standardisation
         approx.covar_module.lengthscale = exact.covar_module.base_kernel.lengthscale.detach()
@@ -226,7 +258,8 @@ def test_feature_gp_with_exact_hyperparameters_approaches_exact_gp():
         approx.set_train_data(*exact.train_inputs, exact.train_targets, strict=False)
         approx.eval()
         errors.append((approx.predict(x_test).mean - reference.mean).abs().max().item())
-    assert errors[1] < 0.05 * y.std() and errors[1] < errors[0] / 2, errors
+    # (the fitted noise is small, 0.2% of the target's variance, so the mean is sensitive to the kernel)
+    assert errors[1] < 0.03 * y.std() and errors[1] < errors[0] / 2, errors
 
 
 def test_jitter_escalation_warns_and_recovers():
