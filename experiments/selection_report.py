@@ -52,7 +52,8 @@ def main() -> None:
         "",
         "`python experiments/selection_report.py`; rows from `python experiments/selection_benchmark.py` run as "
         "`--problems se1 --n 1000 5000 --methods srff`, `--problems se2 --n 1000 5000 --methods srff`, "
-        "`--problems se1 se2 --n 1000 --methods gp-simplex-fsard gp-fsard`, "
+        "`--problems se1 (se2) --n 1000 --methods gp-simplex-fsard gp-fsard --out "
+        "experiments/results/selection_gp_se1.csv (_se2.csv)` (rerun after the L-BFGS line-search fix), "
         "`--problems se1 se2 (se3) --n 1000 5000 10000 50000 --methods mean ridge lasso` (5 replications; "
         "stopped when the session's time ran out: what is missing below was not run).",
         "",
