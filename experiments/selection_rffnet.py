@@ -120,9 +120,16 @@ def run_se(replications: int, problems: list[str] | None, sizes: set[int] | None
                   f"lr={model.learning_rate} mu={model.alpha} epochs={model.n_epochs_} {seconds:.1f}s", flush=True)
 
 
-ROSASCO_GAMMAS = (0.05, 0.1, 0.2)  # the selection step's kernel (all six inputs: wide)
-REFIT_GAMMAS = (0.05, 0.1, 0.2, 0.5, 1.0)  # the GR refit's kernel (on the selected inputs)
-ROSASCO_TAUS = np.geomspace(1.0, 1e-3, 7)  # times std(y), from large to small (continuation)
+# DerivativeSelector works on inputs standardised on the training set. The grids below are those chosen
+# for the raw inputs (x uniform on [-3, 3]^6, Var = 3) rewritten for unit-variance inputs, so that they
+# describe the same kernels and the same objective: gamma_std = 3 gamma_raw; the derivative per standard
+# deviation is sqrt(3) times the raw one, so tau_std = tau_raw / sqrt(3) keeps 2 tau R(f) unchanged; and the
+# paper's selection rule sum_i (df/dx_j)^2 > tau_raw reads sum_i (df/dz_j)^2 > 3 tau_raw.
+X_VAR = 3.0  # Var(x) of U[-3, 3]
+ROSASCO_GAMMAS = (0.15, 0.3, 0.6)  # the selection step's kernel (all six inputs: wide); raw 0.05, 0.1, 0.2
+REFIT_GAMMAS = (0.15, 0.3, 0.6, 1.5, 3.0)  # the GR refit's kernel (selected standardised inputs); raw 0.05 .. 1
+ROSASCO_TAUS = np.geomspace(1.0, 1e-3, 7)  # raw-input tau, times std(y), large to small (continuation)
+G_RIDGE_GAMMAS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # the G-ridge reference, on the raw inputs
 RIDGES = (1e-3, 1e-2, 1e-1, 1.0)
 
 
@@ -147,19 +154,22 @@ def run_rosasco(replications: int, problems: list[str] | None) -> None:
             for gamma in ROSASCO_GAMMAS:
                 model = DerivativeSelector(gamma=gamma, mu=1e-4, refit=False, warm_start=True, tol=1e-5 * scale,
                                            max_iter=2000, max_inner_iter=300)
-                for tau in ROSASCO_TAUS * scale:
-                    model.set_params(tau=tau, refit=False).fit(x, y)
+                for tau_raw in ROSASCO_TAUS * scale:
+                    tau = tau_raw / np.sqrt(X_VAR)
+                    model.set_params(tau=tau, threshold=X_VAR * tau_raw, refit=False).fit(x, y)
                     val = rmse(model.predict_penalized(xv), yv)
                     state = (val, gamma, tau, model.predict_penalized(xs), model.selected_.copy(), model.relevance_.copy())
                     if best_alg1 is None or val < best_alg1[0]:
                         best_alg1 = state
                     sel = model.selected_
+                    # the GR refit on the selected inputs, standardised as the selector standardised them
+                    z, zv, zs = ((a - model.x_mean_) / model.x_scale_ for a in (x, xv, xs))
                     for ridge, refit_gamma in [(r, g) for r in RIDGES for g in REFIT_GAMMAS]:
                         if len(sel) == 0:
                             pv, ps = np.full(len(yv), y.mean()), np.full(len(ys), y.mean())
                         else:
-                            kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=refit_gamma).fit(x[:, sel], y - y.mean())
-                            pv, ps = kr.predict(xv[:, sel]) + y.mean(), kr.predict(xs[:, sel]) + y.mean()
+                            kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=refit_gamma).fit(z[:, sel], y - y.mean())
+                            pv, ps = kr.predict(zv[:, sel]) + y.mean(), kr.predict(zs[:, sel]) + y.mean()
                         val = rmse(pv, yv)
                         if best_gr is None or val < best_gr[0]:
                             best_gr = (val, gamma, tau, ps, sel.copy(), model.relevance_.copy())
@@ -167,11 +177,12 @@ def run_rosasco(replications: int, problems: list[str] | None) -> None:
             for method, best in (("alg1", best_alg1), ("alg1_gr", best_gr)):
                 append(row(function, 80, method, rep, rmse(best[3], ys), best[4], best[5], seconds, rep))
                 print(f"{function} rep={rep} {method} test mse={rmse(best[3], ys) ** 2:.4g} "
-                      f"(var {ys.var():.4g}) selected={best[4].tolist()} gamma={best[1]} tau={best[2]:.3g}", flush=True)
+                      f"(var {ys.var():.4g}) selected={best[4].tolist()} gamma={best[1]} tau={best[2]:.3g} "
+                      f"(standardised inputs)", flush=True)
             # references: Gaussian kernel ridge on all inputs, and the lasso; hyperparameters on validation
             t0 = time.perf_counter()
             best = None
-            for gamma in (0.02,) + REFIT_GAMMAS:
+            for gamma in G_RIDGE_GAMMAS:
                 for ridge in RIDGES:
                     kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=gamma).fit(x, y - y.mean())
                     val = rmse(kr.predict(xv) + y.mean(), yv)
@@ -259,8 +270,12 @@ def report() -> None:
               "The paper's \"average generalization error\" is not defined further and cannot be a raw test MSE",
               "(f1 and f2 take values in the hundreds); we report test MSE / Var(y_test) (\"relative\") beside it.",
               "Noise variance 1% of E|f| (the paper: \"a small fraction\").",
-              "Alg1 and Alg1-GR: gamma in {0.05, 0.1, 0.2}, a warm-started tau path (7 values, std(y) x 1 .. 1e-3), and for GR",
-              "the refit's gamma and ridge, all chosen on the validation set; mu = 1e-4.",
+              "Alg1 and Alg1-GR work on the inputs standardised on the training set (Var(x) = 3 before): gamma in",
+              "{0.15, 0.3, 0.6} (= {0.05, 0.1, 0.2} on the raw inputs), a warm-started tau path (7 values,",
+              "std(y)/sqrt(3) x 1 .. 1e-3, = std(y) x 1 .. 1e-3 on the raw inputs), selection where",
+              "sum_i (df/dz_j)^2 > 3 sqrt(3) tau (the paper's sum_i (df/dx_j)^2 > tau in raw units), and for GR the",
+              "refit's gamma (0.15 .. 3 on the standardised selected inputs) and ridge, all chosen on the validation",
+              "set; mu = 1e-4. G-ridge: gamma in {0.02 .. 1} and the ridge on the raw inputs, chosen on validation.",
               "",
               "| function | method | paper | ours: relative MSE | ours: MSE | TP rate | FP rate | reps |",
               "|---|---|---|---|---|---|---|---|"]

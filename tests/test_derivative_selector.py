@@ -47,7 +47,11 @@ def test_algorithm_1_matches_a_direct_convex_solve():
                                max_inner_iter=20000).fit(x, y)
     assert model.converged_
     yc = y - y.mean()
-    values, derivs = _representation_maps(x, gamma)
+    # the selector works on the inputs standardised on the training set: solve the same problem there
+    z = (x - x.mean(0)) / x.std(0)
+    np.testing.assert_allclose(model.x_mean_, x.mean(0), rtol=1e-15, atol=1e-15)
+    np.testing.assert_allclose(model.x_scale_, x.std(0), rtol=1e-15)
+    values, derivs = _representation_maps(z, gamma)
     c_alg = np.concatenate([model.dual_coef_, model.derivative_coef_.reshape(-1)])
     f_alg = _objective(c_alg, values, derivs, yc, tau, mu)
 
@@ -110,7 +114,10 @@ def test_gr_refit_on_the_selected_inputs_predicts_well():
     y = np.sin(1.5 * x[:, 0]) + 0.5 * x[:, 1] ** 2 + 0.05 * rng.standard_normal(40)
     xt = rng.uniform(-2, 2, (200, 4))
     yt = np.sin(1.5 * xt[:, 0]) + 0.5 * xt[:, 1] ** 2
-    model = DerivativeSelector(tau=0.1, gamma=0.2, refit_gamma=0.5, max_iter=1000).fit(x, y)
+    # hyperparameters picked for the raw inputs (Var = 4/3), written for the standardised ones z the
+    # selector works on: γ·Var for the kernels; ∂f/∂z = std·∂f/∂x, so τ/std keeps the same penalty
+    var = 4 / 3
+    model = DerivativeSelector(tau=0.1 / np.sqrt(var), gamma=0.2 * var, refit_gamma=0.5 * var, max_iter=1000).fit(x, y)
     assert {0, 1} <= set(model.selected_)
     assert model.relevance_[:2].min() > model.relevance_[2:].max()
     assert np.mean((model.predict(xt) - yt) ** 2) < 0.15 * np.var(yt)
@@ -128,9 +135,11 @@ def test_refuses_problems_that_would_not_fit_in_memory():
 
 def test_warm_start_continues_from_the_previous_solution():
     x, y, _ = make_rosasco("f2", 40, seed=2)
-    cold = DerivativeSelector(tau=0.5, gamma=0.2, tol=1e-8).fit(x, y)
-    warm = DerivativeSelector(tau=1.0, gamma=0.2, tol=1e-8, warm_start=True).fit(x, y)
-    warm.set_params(tau=0.5).fit(x, y)
+    # raw-input hyperparameters (γ = 0.2, τ = 0.5 → 1.0; Var(x) = 3) for the standardised inputs
+    t = 1 / np.sqrt(3)
+    cold = DerivativeSelector(tau=0.5 * t, gamma=0.6, tol=1e-8).fit(x, y)
+    warm = DerivativeSelector(tau=1.0 * t, gamma=0.6, tol=1e-8, warm_start=True).fit(x, y)
+    warm.set_params(tau=0.5 * t).fit(x, y)
     np.testing.assert_allclose(warm.fitted_values_, cold.fitted_values_, atol=1e-4)
 
 
@@ -169,3 +178,70 @@ def test_warm_start_with_other_inputs_starts_cold_and_non_convergence_warns():
 
 def test_sklearn_estimator_checks():
     check_estimator(DerivativeSelector(tau=1e-6, tol=1e-5, max_iter=30, max_inner_iter=30))
+
+
+def test_selection_and_predictions_do_not_depend_on_the_inputs_units():
+    """Rescaling one input (metres → millimetres) and shifting another leaves the fit unchanged:
+    the selector standardises its inputs on the training set."""
+    x, y, _ = make_rosasco("f1", 50, seed=3)
+    xt, _, _ = make_rosasco("f1", 20, seed=4)
+
+    def units(a):  # input 0 (relevant) in 1000× smaller units, input 2 (irrelevant) shifted
+        a = a.copy()
+        a[:, 0] *= 1000.0
+        a[:, 2] += 250.0
+        return a
+
+    scale = float(y.std())
+    common = dict(tol=1e-7 * scale, max_iter=20000, max_inner_iter=5000)
+    # an explicit γ with the GR refit (selects exactly the relevant pair), and the default γ = 1/d
+    for params in ({"tau": 0.005 * scale, "gamma": 0.5, "refit_gamma": 1.0, "mu": 1e-4},
+                   {"tau": 0.02 * scale, "mu": 1e-3, "refit": False}):
+        a = DerivativeSelector(**common, **params).fit(x, y)
+        b = DerivativeSelector(**common, **params).fit(units(x), y)
+        assert a.converged_ and b.converged_
+        np.testing.assert_allclose(b.x_scale_ / a.x_scale_, [1000, 1, 1, 1, 1, 1], rtol=1e-12)
+        np.testing.assert_allclose(b.x_mean_ - a.x_mean_ * [1000, 1, 1, 1, 1, 1], [0, 0, 250, 0, 0, 0], atol=1e-9)
+        if "gamma" in params:
+            np.testing.assert_array_equal(a.selected_, [0, 1])
+        else:
+            assert b.gamma_ == a.gamma_ == 1 / 6
+        np.testing.assert_array_equal(b.selected_, a.selected_)
+        # The two fits' standardised inputs differ by round-off only (~2e-14 absolute, from the ×1000
+        # and the shift), and the fits then agree to ~1e-14 relative.  1e-9 relative leaves room for
+        # round-off accumulating over thousands of iterations and is still orders of magnitude below
+        # any real unit effect (unstandardised, the ×1000 changes relevances by O(1)).  Derivative
+        # norms that are exact zeros at the optimum are ~1e-11 (the stopping tolerance) and differ
+        # in their own leading digits: atol 1e-12 (relevance) / 1e-12·std(y) (norms) covers them.
+        np.testing.assert_allclose(b.relevance_, a.relevance_, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(b.derivative_norms_, a.derivative_norms_, rtol=1e-9, atol=1e-12 * scale)
+        for method in ("predict", "predict_penalized"):
+            np.testing.assert_allclose(getattr(b, method)(units(xt)), getattr(a, method)(xt), rtol=1e-9,
+                                       atol=1e-12 * scale)
+
+
+def test_a_constant_input_is_centred_not_scaled_and_never_selected():
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-2, 2, (60, 3))
+    y = np.sin(1.5 * x[:, 0]) + 0.3 * x[:, 1] + 0.05 * rng.standard_normal(60)
+    xt = rng.uniform(-2, 2, (10, 3))
+    kw = dict(tau=0.03, mu=1e-3, gamma=1.0, refit_gamma=0.5, tol=1e-8, max_iter=20000, max_inner_iter=5000)
+    without = DerivativeSelector(**kw).fit(x, y)
+    # 5.0: the column's std is exactly 0; 0.1 has no exact binary form, so the column's mean is off by
+    # round-off and its computed std is ~4e-17, not 0 -- it must still count as constant
+    for value in (5.0, 0.1):
+        with_const = DerivativeSelector(**kw).fit(np.insert(x, 1, value, axis=1), y)
+        assert with_const.x_scale_[1] == 1.0 and with_const.converged_ and without.converged_
+        assert with_const.derivative_norms_[1] == 0.0 and 1 not in with_const.selected_
+        for attr in ("derivative_norms_", "relevance_", "dual_coef_", "derivative_coef_", "fitted_values_"):
+            assert np.all(np.isfinite(getattr(with_const, attr))), attr
+        # the constant column changes nothing: its differences are exactly 0, so the kernel, the data
+        # term and the other inputs' derivatives are those of the fit without it (up to round-off;
+        # only the inner step 1/‖L‖ could differ, through the column's own block of L)
+        np.testing.assert_array_equal(with_const.selected_, [j + (j >= 1) for j in without.selected_])
+        np.testing.assert_allclose(np.delete(with_const.derivative_norms_, 1), without.derivative_norms_,
+                                   rtol=1e-9, atol=1e-12)
+        for method in ("predict", "predict_penalized"):
+            pred = getattr(with_const, method)(np.insert(xt, 1, value, axis=1))
+            assert np.all(np.isfinite(pred))
+            np.testing.assert_allclose(pred, getattr(without, method)(xt), rtol=1e-9, atol=1e-12)

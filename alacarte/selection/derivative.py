@@ -1,11 +1,17 @@
 """Derivative-based nonlinear variable selection (Rosasco et al. 2010), MATH.md §7.
 
-Over the RKHS of the Gaussian kernel k(x, x') = exp(−γ‖x − x'‖²) it minimises
+The inputs are first standardised on the training data (each column centred
+and divided by its standard deviation; a constant column is only centred), so
+selection does not depend on the inputs' units or offsets.  Below, x denotes the
+standardised inputs.  Over the RKHS of the Gaussian kernel
+k(x, x') = exp(−γ‖x − x'‖²) it minimises
 
     E(f) + 2τ R(f) + μ‖f‖²_H,
     E(f) = (1/n) Σᵢ (yᵢ − f(xᵢ))²,   R(f) = Σⱼ √((1/n) Σᵢ (∂ⱼf(xᵢ))²),
 
-(y centred; the mean is added back in ``predict``).  The paper's functional
+(y centred; the mean is added back in ``predict``).  ∂ⱼf is the derivative with
+respect to the standardised input j, i.e. per standard deviation of input j, so
+rescaling an input changes neither the objective nor the selection.  The paper's functional
 (1) is μ = 0, but then its infimum is 0 for any data: the Gaussian RKHS holds
 an f with f(xᵢ) = yᵢ and ∇f(xᵢ) = 0 at every training point (the value and
 derivative functionals are linearly independent), so (1) alone only
@@ -39,7 +45,10 @@ instead of 0 (same fixed point, a small fraction of the iterations).
 
 Variables are selected where Σᵢ (∂ⱼf(xᵢ))² exceeds the threshold (τ by
 default, as in the paper); with ``refit=True`` (the paper's "GR" variant)
-predictions come from kernel ridge regression on the selected variables only.
+predictions come from kernel ridge regression on the selected (standardised)
+variables only.  Hyperparameters chosen for raw inputs of variance v carry
+over as γ·v (kernel widths), τ/√v (the derivative per standard deviation is √v
+times the raw one) and threshold·v.
 
 Memory is O((n d)²) for L: this is a small-data baseline, and it refuses
 (ValueError) problems whose matrices would exceed ``max_memory_bytes``.
@@ -105,28 +114,34 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     Args:
         tau: τ, the weight of the derivative penalty.
         mu: μ, the RKHS ridge that makes the problem well posed (see above).
-        gamma: Gaussian kernel k = exp(−γ‖x − x'‖²); ``None`` → 1/(d·Var(X)).
-        threshold: select input j when Σᵢ (∂ⱼf(xᵢ))² exceeds it; ``None`` → τ.
+        gamma: Gaussian kernel k = exp(−γ‖x − x'‖²) on the standardised inputs;
+            ``None`` → 1/d.
+        threshold: select input j when Σᵢ (∂ⱼf(xᵢ))² exceeds it (derivatives per
+            standard deviation of input j); ``None`` → τ.
         refit: predict with kernel ridge regression on the selected inputs
             (the paper's Alg1-GR); ``False`` predicts with the penalised f itself.
         refit_alpha: the ridge of that refit (sklearn ``KernelRidge(alpha=...)``).
-        refit_gamma: the refit's kernel parameter; ``None`` → ``gamma_``.  A
-            kernel on fewer inputs usually wants a narrower width.
+        refit_gamma: the refit's kernel parameter (on the standardised selected
+            inputs); ``None`` → ``gamma_``.  A kernel on fewer inputs usually
+            wants a narrower width.
         tol: the stopping tolerance of both loops (in the RKHS norm).
         max_iter, max_inner_iter: iteration caps of the outer and inner loops.
         max_memory_bytes: refuse problems whose (n·d)² matrices need more.
         warm_start: start from the previous fit's coefficients (the paper's
             continuation along a decreasing τ path, same data).
 
-    Fitted attributes: ``dual_coef_`` (α, (n,)), ``derivative_coef_`` (β, (n, d)),
-    ``derivative_norms_`` (√((1/n)Σᵢ(∂ⱼf(xᵢ))²) per input), ``relevance_`` (those
-    scaled to [0, 1]), ``selected_`` (indices), ``n_iter_``, ``converged_``,
-    ``ridge_`` (the refit KernelRidge or ``None``).
+    Fitted attributes: ``x_mean_`` and ``x_scale_`` (the training columns' means
+    and standard deviations, 1 for a constant column), ``gamma_``,
+    ``dual_coef_`` (α, (n,)), ``derivative_coef_`` (β, (n, d)),
+    ``derivative_norms_`` (√((1/n)Σᵢ(∂ⱼf(xᵢ))²) per input, the derivative per
+    unit of standard deviation of that input), ``relevance_`` (those scaled to
+    [0, 1]), ``selected_`` (indices), ``n_iter_``, ``converged_``, ``ridge_``
+    (the refit KernelRidge on the standardised selected inputs, or ``None``).
 
     Example:
         >>> from alacarte.datasets import make_rosasco
         >>> x, y, relevant = make_rosasco("f3", 80, seed=0)
-        >>> model = DerivativeSelector(tau=1e-3, gamma=0.2).fit(x, y)
+        >>> model = DerivativeSelector(tau=1e-3, gamma=0.6).fit(x, y)
         >>> model.predict(x[:2]).shape
         (2,)
     """
@@ -188,10 +203,14 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
                 f"{self.max_memory_bytes / 2**30:.2f} GiB. It is a small-data baseline: subsample, raise "
                 f"max_memory_bytes, or use RFFNetRegressor."
             )
-        variance = float(X.var())
-        self.gamma_ = self.gamma if self.gamma is not None else 1.0 / (d * variance if variance > 0 else d)
+        self.x_mean_ = X.mean(axis=0)
+        scale = X.std(axis=0)
+        scale[np.ptp(X, axis=0) == 0] = 1.0  # constant column: centred only (its differences are exactly 0)
+        self.x_scale_ = scale
+        X = self._standardise(X)
+        self.gamma_ = self.gamma if self.gamma is not None else 1.0 / d
         self.y_mean_ = float(y.mean())
-        self._x_train = X.copy()
+        self._x_train = X
 
         x = torch.from_numpy(X)
         yc = torch.from_numpy(y - self.y_mean_)
@@ -254,10 +273,13 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.n_features_in_ = d
         return self
 
+    def _standardise(self, X: np.ndarray) -> np.ndarray:
+        return (X - self.x_mean_) / self.x_scale_
+
     def predict_penalized(self, X) -> np.ndarray:
         """The penalised f itself (Alg1 without the refit), whatever ``refit`` says."""
         check_is_fitted(self, "dual_coef_")
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = self._standardise(validate_data(self, X, reset=False, dtype=np.float64))
         n = self._x_train.shape[0]
         diff = X[:, None, :] - self._x_train[None, :, :]  # (m, n, d)
         k = np.exp(-self.gamma_ * np.square(diff).sum(-1))
@@ -269,7 +291,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "dual_coef_")
         if not self.refit:
             return self.predict_penalized(X)
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = self._standardise(validate_data(self, X, reset=False, dtype=np.float64))
         if self.ridge_ is None:  # nothing selected: the mean
             return np.full(X.shape[0], self.y_mean_)
         return self.ridge_.predict(X[:, self.selected_]) + self.y_mean_
