@@ -311,7 +311,7 @@ def test_simplex_step_extrapolates_with_the_previous_momentum():
     for _ in range(4):
         step.step(objective, steps=1)
         t_next = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
-        assert step._extrapolation == pytest.approx((t / t_next, (t - 1) / t_next), abs=1e-15)
+        assert step.fista.extrapolation == pytest.approx((t / t_next, (t - 1) / t_next), abs=1e-15)
         t = t_next
 
 

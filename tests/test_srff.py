@@ -57,7 +57,7 @@ def test_fista_never_increases_the_objective_and_stays_on_the_simplex():
     size = 3.0
     gamma = torch.full((6,), size / 6, dtype=torch.float64)
     coef = problem.ridge(gamma, 0.1)
-    gamma, value, _, history = monotone_fista(problem, gamma, coef, size, lipschitz=1e-3, max_iter=60, tol=0.0)
+    gamma, value, _, history = monotone_fista(problem, gamma, coef, size, step_size=1e3, max_iter=60, tol=0.0)
     steps = np.diff(history)
     assert (steps <= 0).all(), steps.max()
     assert history[-1] < 0.9 * history[0]  # and it does descend

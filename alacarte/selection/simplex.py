@@ -13,11 +13,12 @@ what makes a simplex-constrained ARD kernel *select* variables.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["project_to_simplex", "SimplexStep"]
+__all__ = ["project_to_simplex", "MonotoneFISTA", "SimplexStep"]
 
 
 def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
@@ -52,41 +53,116 @@ def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
     return (v - theta).clamp_min(0)
 
 
+class MonotoneFISTA:
+    r"""Monotone accelerated projected gradient (MFISTA; Beck & Teboulle 2009) on a scaled simplex.
+
+    The one implementation behind both simplex optimisers: SRFF's γ-step
+    (:class:`~alacarte.SRFFRegressor`) and the π-step of simplex-ARD kernels
+    (:class:`SimplexStep`).  The iterate is a list of tensors, each kept on
+    ``{w ≥ 0, Σ w = size}`` by :func:`project_to_simplex`.  From the extrapolated point
+    :math:`w = x_k + \tfrac{t_k}{t_{k+1}}(u_k - x_k) + \tfrac{t_k - 1}{t_{k+1}}(x_k - x_{k-1})`
+
+    .. math::
+        u = P_{c\Delta}(w - s\nabla f(w)),\qquad
+        \text{accepted when } f(u) \le f(w) + \nabla f(w)^\top(u - w) + \tfrac{1}{2s}\|u - w\|^2
+
+    ``s`` halves until the bound holds and doubles after an accepted step (so it
+    follows the local curvature both ways), and the iterate moves to ``u`` only if
+    ``f(u) ≤ f(x_k)`` — no step ever increases ``f`` — otherwise it stays and the
+    momentum restarts.  Acceleration matters on the simplex: weights of irrelevant
+    inputs have almost no gradient and reach their exact zeros only through the
+    projection's shift, which momentum makes many times faster.
+
+    ``value(x)`` returns f(x) (NaN where it cannot be evaluated) and
+    ``value_and_grad(x)`` returns (f(x), ∇f(x)), with ``None`` for the gradient where
+    either is not finite; a NaN anywhere restarts the momentum instead of raising.
+    """
+
+    max_backtracks = 40
+
+    def __init__(self, size: float = 1.0, step_size: float = 1.0):
+        self.size = size
+        self.step_size = step_size
+        self.restart()
+
+    def restart(self) -> None:
+        self.momentum = 1.0  # t_k
+        self.extrapolation = (0.0, 0.0)  # (t_{k-1}/t_k, (t_{k-1} − 1)/t_k), set when a step is accepted
+        self._previous: list[Tensor] | None = None  # x_{k-1}
+        self._trial: list[Tensor] | None = None  # u_k
+
+    def step(
+        self,
+        current: list[Tensor],
+        value: Callable[[list[Tensor]], float],
+        value_and_grad: Callable[[list[Tensor]], tuple[float, list[Tensor] | None]],
+        current_value: float | None = None,
+    ) -> tuple[list[Tensor], float, bool]:
+        """One monotone step from ``current`` (with f(current) if the caller knows it).
+
+        Returns (the new iterate, its objective, whether it moved)."""
+        point = current
+        if self._previous is not None:
+            if current_value is None:
+                current_value = value(current)
+            a, b = self.extrapolation
+            point = [c + a * (u - c) + b * (c - q) for c, u, q in zip(current, self._trial, self._previous)]
+        f, grads = value_and_grad(point)
+        if grads is None and point is not current:  # the extrapolated point is unusable: restart from x_k
+            point = current
+            f, grads = value_and_grad(current)
+        if grads is None:
+            self.restart()
+            return current, math.nan if current_value is None else current_value, False
+        if point is current:
+            current_value = f
+        s = self.step_size
+        trial, trial_value = point, math.nan
+        for _ in range(self.max_backtracks):
+            with torch.no_grad():
+                trial = [project_to_simplex(w - s * g, self.size) for w, g in zip(point, grads)]
+                moved = [u - w for u, w in zip(trial, point)]
+                gap = sum(float((m * m).sum()) for m in moved)
+                linear = sum(float((g * m).sum()) for g, m in zip(grads, moved))
+            if gap == 0.0:
+                break  # a fixed point of the projected gradient map
+            trial_value = value(trial)
+            if math.isfinite(trial_value) and trial_value <= f + linear + gap / (2 * s):
+                self.step_size = 2 * s
+                break
+            s /= 2
+        else:
+            self.step_size = s
+        self._previous, self._trial = current, trial
+        if math.isfinite(trial_value) and trial_value <= current_value:
+            # Beck & Teboulle: the next extrapolation uses t_k/t_{k+1} and (t_k − 1)/t_{k+1}.
+            next_momentum = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * self.momentum**2))
+            self.extrapolation = (self.momentum / next_momentum, (self.momentum - 1.0) / next_momentum)
+            self.momentum = next_momentum
+            return trial, trial_value, any(not torch.equal(u, c) for u, c in zip(trial, current))
+        self.restart()  # no decrease: stay
+        return current, current_value, False
+
+
 class SimplexStep:
-    r"""Monotone accelerated projected-gradient steps (MFISTA) on the simplex weights π of a model.
+    r"""MFISTA steps (:class:`MonotoneFISTA`) on the simplex weights π of a model.
 
     :func:`alacarte.fit` optimises everything else with L-BFGS or Adam and, after
     every optimiser step, takes a few steps of this on π (block-coordinate descent).
     Projection does not mix with L-BFGS — its curvature pairs assume the step it
     proposed is the step taken — so π is kept out of the quasi-Newton method and
     moved by the projected gradient method, the sound method for a smooth
-    objective on a convex set.  From the extrapolated point
-    :math:`w = \pi_k + \tfrac{t_k}{t_{k+1}}(u_k - \pi_k) + \tfrac{t_k - 1}{t_{k+1}}(\pi_k - \pi_{k-1})`
-
-    .. math::
-        u = P_\Delta(w - s\nabla f(w)),\qquad
-        \text{accepted when } f(u) \le f(w) + \nabla f(w)^\top(u - w) + \tfrac{1}{2s}\|u - w\|^2
-
-    (Beck & Teboulle 2009: ``s`` halves until the bound holds and doubles after
-    an accepted step), and π moves to ``u`` only if ``f(u) ≤ f(π)`` — so no step
-    ever increases ``f`` — otherwise it stays and the momentum restarts.
-    Acceleration matters here: the weights of irrelevant inputs have almost no
-    gradient (the kernel is even in γ_j) and reach their exact zeros only through
-    the projection's shift, which momentum makes many times faster.
+    objective on a convex set.  The momentum carries over between calls; the
+    objective changes between them (the other parameters move), so f(π) is
+    re-evaluated at the start of each call.
     """
-
-    max_backtracks = 40
 
     def __init__(self, model: torch.nn.Module, step_size: float = 1.0):
         # A frozen π (requires_grad=False) is left as it is, like any frozen parameter.
         self.modules = [m for m in model.modules() if getattr(m, "simplex", False) and hasattr(m, "project_")
                         and m.simplex_weights.requires_grad]
         self.parameters = [m.simplex_weights for m in self.modules]
-        self.step_size = step_size
-        self._momentum = 1.0  # t_k
-        self._extrapolation = (0.0, 0.0)  # (t_{k-1}/t_k, (t_{k-1} − 1)/t_k), set when a step is accepted
-        self._previous: list[Tensor] | None = None  # π_{k-1}
-        self._trial: list[Tensor] | None = None  # u_k
+        self.fista = MonotoneFISTA(size=1.0, step_size=step_size)
         self.moved = False  # whether the last call of step() changed π
 
     def __bool__(self) -> bool:
@@ -99,100 +175,49 @@ class SimplexStep:
         for module in self.modules:
             module.project_()
 
-    def step(self, objective, steps: int = 3) -> float:
+    def step(self, objective: Callable[[], Tensor], steps: int = 3) -> float:
         """``steps`` monotone steps on π; returns the objective at the final π.
 
         π moves more slowly than the smooth parameters (its step is limited by the
         curvature along the simplex), so each call takes a few steps."""
-        value, self.moved = math.nan, False
+        self.project_()
+        for p in self.parameters:
+            p.grad = None  # the optimiser's closure accumulates these; π uses its own gradient
+
+        def value(values: list[Tensor]) -> float:
+            self._set(values)
+            try:
+                with torch.no_grad():
+                    result = float(objective())
+            except (RuntimeError, ValueError):  # a factorisation failed: too long a step
+                return math.nan
+            return result if math.isfinite(result) else math.nan
+
+        def value_and_grad(values: list[Tensor]) -> tuple[float, list[Tensor] | None]:
+            self._set(values)
+            try:
+                with torch.enable_grad():
+                    result = objective()
+                    grads = torch.autograd.grad(result, self.parameters, allow_unused=True)
+            except (RuntimeError, ValueError):
+                return math.nan, None
+            result = float(result.detach())
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.parameters, grads)]
+            if not math.isfinite(result) or not all(bool(torch.isfinite(g).all()) for g in grads):
+                return math.nan, None
+            return result, grads
+
+        current = [p.detach().clone() for p in self.parameters]
+        result, self.moved = None, False
         for _ in range(steps):
-            value, moved = self._single_step(objective)
+            current, result, moved = self.fista.step(current, value, value_and_grad, result)
             self.moved |= moved
             if not moved:
                 break
-        return value
+        self._set(current)
+        return result
 
     def _set(self, values: list[Tensor]) -> None:
         with torch.no_grad():
             for p, v in zip(self.parameters, values):
                 p.copy_(v)
-
-    def _evaluate(self, objective) -> float:
-        try:
-            with torch.no_grad():
-                value = float(objective())
-        except (RuntimeError, ValueError):  # a factorisation failed: too long a step
-            return math.nan
-        return value if math.isfinite(value) else math.nan
-
-    def _value_and_gradient(self, objective) -> tuple[float, list[Tensor] | None]:
-        """f and ∇_π f at the current π; ``(nan, None)`` where either is not finite or the
-        factorisation fails."""
-        try:
-            with torch.enable_grad():
-                value = objective()
-                grads = torch.autograd.grad(value, self.parameters, allow_unused=True)
-        except (RuntimeError, ValueError):
-            return math.nan, None
-        value = float(value.detach())
-        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.parameters, grads)]
-        if not math.isfinite(value) or not all(bool(torch.isfinite(g).all()) for g in grads):
-            return math.nan, None
-        return value, grads
-
-    def _restart(self) -> None:
-        self._momentum, self._previous, self._trial = 1.0, None, None
-
-    def _single_step(self, objective) -> tuple[float, bool]:
-        self.project_()
-        for p in self.parameters:
-            p.grad = None  # the optimiser's closure accumulates these; π uses its own gradient
-        current = [p.detach().clone() for p in self.parameters]
-        current_value = math.nan
-        point = current
-        if self._previous is not None:
-            current_value = self._evaluate(objective)
-            a, b = self._extrapolation
-            point = [c + a * (u - c) + b * (c - q) for c, u, q in zip(current, self._trial, self._previous)]
-        self._set(point)
-        value, grads = self._value_and_gradient(objective)
-        if grads is None and point is not current:  # the extrapolated point is unusable: restart from π
-            point = current
-            self._set(current)
-            value, grads = self._value_and_gradient(objective)
-        if grads is None:
-            self._set(current)
-            self._restart()
-            return current_value, False
-        if point is current:
-            current_value = value
-        s = self.step_size
-        trial, trial_value = None, math.nan
-        for _ in range(self.max_backtracks):
-            with torch.no_grad():
-                trial = [project_to_simplex(w - s * g) for w, g in zip(point, grads)]
-                moved = [u - w for u, w in zip(trial, point)]
-                gap = sum(float((m * m).sum()) for m in moved)
-                linear = sum(float((g * m).sum()) for g, m in zip(grads, moved))
-            if gap == 0.0:
-                break  # a fixed point of the projected gradient map
-            self._set(trial)
-            trial_value = self._evaluate(objective)
-            if math.isfinite(trial_value) and trial_value <= value + linear + gap / (2 * s):
-                self.step_size = 2 * s
-                break
-            s /= 2
-        else:
-            self.step_size = s
-        accepted = math.isfinite(trial_value) and trial_value <= current_value
-        self._previous, self._trial = current, trial
-        if accepted:
-            self._set(trial)
-            # Beck & Teboulle: the next extrapolation uses t_k/t_{k+1} and (t_k − 1)/t_{k+1}.
-            next_momentum = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * self._momentum**2))
-            self._extrapolation = (self._momentum / next_momentum, (self._momentum - 1.0) / next_momentum)
-            self._momentum = next_momentum
-            return trial_value, any(not torch.equal(u, c) for u, c in zip(trial, current))
-        self._set(current)  # no decrease: stay, and restart the momentum
-        self._restart()
-        return current_value, False

@@ -11,7 +11,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
-from .simplex import project_to_simplex
+from .simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
 
@@ -71,48 +71,43 @@ def monotone_fista(
     gamma: Tensor,
     coef: Tensor,
     size: float,
-    lipschitz: float,
+    step_size: float,
     max_iter: int,
     tol: float,
 ) -> tuple[Tensor, float, float, list[float]]:
-    r"""min over γ ∈ cΔ of ‖y − Z(γ)a‖²/n by monotone FISTA with backtracking.
+    r"""min over γ ∈ cΔ of ‖y − Z(γ)a‖²/n by monotone FISTA with backtracking
+    (:class:`~alacarte.selection.simplex.MonotoneFISTA`), from a first trial step ``step_size``.
 
-    Beck & Teboulle (2009), MFISTA: the gradient step from the extrapolated point
-    ``w`` is ``u = P_{cΔ}(w − ∇/L)`` with ``L`` doubled until the quadratic upper
-    bound holds at ``u``; the iterate is the better of ``u`` and the previous
-    iterate, so the objective never increases, and the extrapolation uses both.
+    Stops after ``max_iter`` steps, or when a step moved γ by at most ``tol·c`` and
+    the objective by at most ``tol`` relative.
 
-    Returns (γ, its objective, the last L, the objective after every iteration).
+    Returns (γ, its objective, the last step size, the objective after every iteration).
     """
-    current = problem.loss(gamma, coef)
+    fista = MonotoneFISTA(size=size, step_size=step_size)
+
+    def value(point: list[Tensor]) -> float:
+        return problem.loss(point[0], coef)
+
+    def value_and_grad(point: list[Tensor]) -> tuple[float, list[Tensor]]:
+        f, grad = problem.loss_and_grad(point[0], coef)
+        return f, [grad]
+
+    current = value([gamma])
     history = [current]
-    point, momentum = gamma, 1.0
+    stalled = False
     for _ in range(max_iter):
-        value, grad = problem.loss_and_grad(point, coef)
-        while True:
-            trial = project_to_simplex(point - grad / lipschitz, size)
-            step = trial - point
-            trial_value = problem.loss(trial, coef)
-            bound = value + float(grad @ step) + 0.5 * lipschitz * float(step @ step)
-            if trial_value <= bound or lipschitz > 1e300:
-                break
-            lipschitz *= 2.0
-        better = trial_value <= current
-        new_gamma = trial if better else gamma
-        new_momentum = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * momentum**2))
-        point = (
-            new_gamma
-            + (momentum / new_momentum) * (trial - new_gamma)
-            + ((momentum - 1.0) / new_momentum) * (new_gamma - gamma)
-        )
+        (new_gamma,), new_value, moved = fista.step([gamma], value, value_and_grad, current)
         change = float((new_gamma - gamma).norm())
         previous = current
-        gamma, momentum = new_gamma, new_momentum
-        current = min(current, trial_value)
+        gamma, current = new_gamma, new_value
         history.append(current)
-        if better and change <= tol * size and previous - current <= tol * max(previous, 1e-300):
+        if moved and change <= tol * size and previous - current <= tol * max(previous, 1e-300):
             break
-    return gamma, current, lipschitz, history
+        # A step without momentum that cannot move (it follows a restart) is at a fixed point.
+        if not moved and stalled:
+            break
+        stalled = not moved
+    return gamma, current, fista.step_size, history
 
 
 def _median_neighbour_distance(x: Tensor, k: int, rng: np.random.Generator) -> float:
@@ -323,7 +318,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
 
     def _fit_one(self, problem: _SRFFProblem, gamma: Tensor, alpha: float) -> tuple[Tensor, Tensor, int]:
         """Alternate ridge and γ steps at one λ from ``gamma``; returns (γ, a, iterations)."""
-        lipschitz = 1.0
+        step_size = 1.0
         previous = math.inf
         iters = 0
         for iters in range(1, self.max_iter + 1):
@@ -332,9 +327,8 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
             if previous - objective <= self.tol * abs(objective):
                 break
             previous = objective
-            # Let L shrink between calls: the curvature changes with a.
-            gamma, _, lipschitz, _ = monotone_fista(
-                problem, gamma, coef, self.simplex_size_, lipschitz / 4, self.fista_iter, self.tol
+            gamma, _, step_size, _ = monotone_fista(
+                problem, gamma, coef, self.simplex_size_, step_size, self.fista_iter, self.tol
             )
         coef = problem.ridge(gamma, alpha)
         return gamma, coef, iters
