@@ -299,7 +299,7 @@ def test_simplex_step_descends_to_the_constrained_minimiser():
 
 
 def test_simplex_step_extrapolates_with_the_previous_momentum():
-    """Beck & Teboulle: after the k-th accepted step the extrapolation uses t_k/t_{k+1} and
+    """Beck & Teboulle: after the k-th accepted step the extrapolation weight is
     (t_k − 1)/t_{k+1}, t_1 = 1 — so the step after the first has no momentum at all."""
     from alacarte.selection import SimplexStep
 
@@ -311,7 +311,7 @@ def test_simplex_step_extrapolates_with_the_previous_momentum():
     for _ in range(4):
         step.step(objective, steps=1)
         t_next = 0.5 * (1 + math.sqrt(1 + 4 * t * t))
-        assert step.fista.extrapolation == pytest.approx((t / t_next, (t - 1) / t_next), abs=1e-15)
+        assert step.fista.extrapolation == pytest.approx((t - 1) / t_next, abs=1e-15)
         t = t_next
 
 

@@ -54,24 +54,28 @@ def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
 
 
 class MonotoneFISTA:
-    r"""Monotone accelerated projected gradient (MFISTA; Beck & Teboulle 2009) on a scaled simplex.
+    r"""Accelerated projected gradient on a scaled simplex, made monotone by restarts.
 
-    The one implementation behind both simplex optimisers: SRFF's γ-step
-    (:class:`~alacarte.SRFFRegressor`) and the π-step of simplex-ARD kernels
-    (:class:`SimplexStep`).  The iterate is a list of tensors, each kept on
-    ``{w ≥ 0, Σ w = size}`` by :func:`project_to_simplex`.  From the extrapolated point
-    :math:`w = x_k + \tfrac{t_k}{t_{k+1}}(u_k - x_k) + \tfrac{t_k - 1}{t_{k+1}}(x_k - x_{k-1})`
+    FISTA (Beck & Teboulle 2009) whose momentum restarts whenever a step would
+    increase the objective (the function-value restart of O'Donoghue & Candès
+    2015), with a backtracking step size that also grows.  The one implementation
+    behind both simplex optimisers: SRFF's γ-step (:class:`~alacarte.SRFFRegressor`)
+    and the π-step of simplex-ARD kernels (:class:`SimplexStep`).  The iterate is a
+    list of tensors, each kept on ``{w ≥ 0, Σ w = size}`` by :func:`project_to_simplex`.
+    From the extrapolated point
+    :math:`w = x_k + \tfrac{t_k - 1}{t_{k+1}}(x_k - x_{k-1})`
 
     .. math::
         u = P_{c\Delta}(w - s\nabla f(w)),\qquad
         \text{accepted when } f(u) \le f(w) + \nabla f(w)^\top(u - w) + \tfrac{1}{2s}\|u - w\|^2
 
-    ``s`` halves until the bound holds and doubles after an accepted step (so it
-    follows the local curvature both ways), and the iterate moves to ``u`` only if
+    ``s`` halves until that bound holds and then doubles for the next step (so it
+    follows the local curvature both ways).  The iterate moves to ``u`` only if
     ``f(u) ≤ f(x_k)`` — no step ever increases ``f`` — otherwise it stays and the
-    momentum restarts.  Acceleration matters on the simplex: weights of irrelevant
-    inputs have almost no gradient and reach their exact zeros only through the
-    projection's shift, which momentum makes many times faster.
+    momentum restarts (t = 1: the next step is a plain projected-gradient step,
+    which cannot increase ``f``).  Acceleration matters on the simplex: weights of
+    irrelevant inputs have almost no gradient and reach their exact zeros only
+    through the projection's shift, which momentum makes many times faster.
 
     ``value(x)`` returns f(x) (NaN where it cannot be evaluated) and
     ``value_and_grad(x)`` returns (f(x), ∇f(x)), with ``None`` for the gradient where
@@ -87,9 +91,8 @@ class MonotoneFISTA:
 
     def restart(self) -> None:
         self.momentum = 1.0  # t_k
-        self.extrapolation = (0.0, 0.0)  # (t_{k-1}/t_k, (t_{k-1} − 1)/t_k), set when a step is accepted
+        self.extrapolation = 0.0  # (t_{k-1} − 1)/t_k, set when a step is accepted
         self._previous: list[Tensor] | None = None  # x_{k-1}
-        self._trial: list[Tensor] | None = None  # u_k
 
     def step(
         self,
@@ -105,8 +108,7 @@ class MonotoneFISTA:
         if self._previous is not None:
             if current_value is None:
                 current_value = value(current)
-            a, b = self.extrapolation
-            point = [c + a * (u - c) + b * (c - q) for c, u, q in zip(current, self._trial, self._previous)]
+            point = [c + self.extrapolation * (c - q) for c, q in zip(current, self._previous)]
         f, grads = value_and_grad(point)
         if grads is None and point is not current:  # the extrapolated point is unusable: restart from x_k
             point = current
@@ -124,8 +126,9 @@ class MonotoneFISTA:
                 moved = [u - w for u, w in zip(trial, point)]
                 gap = sum(float((m * m).sum()) for m in moved)
                 linear = sum(float((g * m).sum()) for g, m in zip(grads, moved))
-            if gap == 0.0:
-                break  # a fixed point of the projected gradient map
+            if gap == 0.0:  # a fixed point of the projected gradient map: u = w
+                trial_value = f
+                break
             trial_value = value(trial)
             if math.isfinite(trial_value) and trial_value <= f + linear + gap / (2 * s):
                 self.step_size = 2 * s
@@ -133,19 +136,18 @@ class MonotoneFISTA:
             s /= 2
         else:
             self.step_size = s
-        self._previous, self._trial = current, trial
         if math.isfinite(trial_value) and trial_value <= current_value:
-            # Beck & Teboulle: the next extrapolation uses t_k/t_{k+1} and (t_k − 1)/t_{k+1}.
             next_momentum = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * self.momentum**2))
-            self.extrapolation = (self.momentum / next_momentum, (self.momentum - 1.0) / next_momentum)
+            self.extrapolation = (self.momentum - 1.0) / next_momentum
             self.momentum = next_momentum
+            self._previous = current
             return trial, trial_value, any(not torch.equal(u, c) for u, c in zip(trial, current))
         self.restart()  # no decrease: stay
         return current, current_value, False
 
 
 class SimplexStep:
-    r"""MFISTA steps (:class:`MonotoneFISTA`) on the simplex weights π of a model.
+    r"""Monotone accelerated projected-gradient steps (:class:`MonotoneFISTA`) on the simplex weights π of a model.
 
     :func:`alacarte.fit` optimises everything else with L-BFGS or Adam and, after
     every optimiser step, takes a few steps of this on π (block-coordinate descent).
@@ -208,9 +210,10 @@ class SimplexStep:
             return result, grads
 
         current = [p.detach().clone() for p in self.parameters]
-        result, self.moved = None, False
-        for _ in range(steps):
-            current, result, moved = self.fista.step(current, value, value_and_grad, result)
+        result, self.moved = math.nan, False
+        for k in range(steps):
+            # f(π) is known after the first step: the objective is fixed within a call.
+            current, result, moved = self.fista.step(current, value, value_and_grad, result if k else None)
             self.moved |= moved
             if not moved:
                 break

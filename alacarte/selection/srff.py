@@ -88,8 +88,10 @@ def monotone_fista(
     def value(point: list[Tensor]) -> float:
         return problem.loss(point[0], coef)
 
-    def value_and_grad(point: list[Tensor]) -> tuple[float, list[Tensor]]:
+    def value_and_grad(point: list[Tensor]) -> tuple[float, list[Tensor] | None]:
         f, grad = problem.loss_and_grad(point[0], coef)
+        if not math.isfinite(f) or not bool(torch.isfinite(grad).all()):
+            return math.nan, None
         return f, [grad]
 
     current = value([gamma])
