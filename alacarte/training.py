@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import gpytorch
 import numpy as np
 import torch
-from linear_operator.utils.errors import NotPSDError
+from linear_operator.utils.errors import NanError, NotPSDError
 from tqdm.auto import tqdm
 
 from ._validation import check_positive_int
@@ -66,6 +66,8 @@ def _negative_mll(model, x, y, backward: bool):
 
 # Function evaluations one L-BFGS iteration may spend, line search included.
 _LBFGS_MAX_EVAL = 25
+# What an over-long line-search probe raises: the Cholesky of K + σ²I (GPyTorch) or of A (Woodbury) fails.
+_BROKEN_FACTORISATION = (NotPSDError, NanError, NotPositiveDefiniteError)
 
 
 def _make_optimizer(params, optimizer: str, lr: float | None) -> torch.optim.Optimizer:
@@ -97,6 +99,7 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
 
     losses: list[float] = []
     calm = 0
+    failed = False
     good_state = copy.deepcopy(model.state_dict())
     with model.inference_settings():
         for _ in range(max_iter):
@@ -104,11 +107,17 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
                 loss = float(opt.step(closure).detach())
                 if simplex:
                     simplex.step(lambda: _negative_mll(model, x, y, backward=False))
-            except (NotPSDError, NotPositiveDefiniteError):
+            except _BROKEN_FACTORISATION:
                 loss = math.nan
             if not math.isfinite(loss):
-                # An extreme line-search probe broke the factorisation: keep the last good point.
+                # An extreme line-search probe broke the factorisation: back to the last good point.
                 model.load_state_dict(good_state)
+                if not failed:
+                    # Once, retry from there without the optimiser's memory (L-BFGS's curvature
+                    # pairs proposed the step that broke it); two failures in a row end the fit.
+                    failed = True
+                    opt.state.clear()
+                    continue
                 warnings.warn(
                     f"training stopped after {len(losses)} iterations: the loss became non-finite or the "
                     "covariance lost positive definiteness; the last good parameters are kept",
@@ -116,6 +125,7 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
                     stacklevel=3,
                 )
                 return losses, False
+            failed = False
             good_state = copy.deepcopy(model.state_dict())
             previous = losses[-1] if losses else None
             losses.append(loss)
@@ -283,7 +293,7 @@ def fit(
                     _optimize(model, x, y, optimizer, restart_iter, lr, tolerance, bar)
                 try:
                     loss = _current_loss(model, x, y)
-                except (NotPSDError, NotPositiveDefiniteError):
+                except _BROKEN_FACTORISATION:
                     loss = math.inf
                 loss = loss if math.isfinite(loss) else math.inf
                 history.restart_losses.append(loss)

@@ -1,5 +1,6 @@
 """FeatureGP / ExactRBFGP / fit: the fast path, chunked prediction, bad input, training."""
 import contextlib
+import warnings
 from unittest import mock
 
 import gpytorch
@@ -320,36 +321,61 @@ def test_fit_rejects_bad_restart_settings():
         fit(feature_model(), x, y, restarts=2, restart_iter=0)
 
 
-@pytest.mark.parametrize("error, make", [
-    ("gpytorch", lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()),
-    ("woodbury", lambda: feature_model()),
-])
-def test_a_broken_factorisation_mid_training_keeps_the_last_good_state(error, make):
-    from linear_operator.utils.errors import NotPSDError
+def _failures(kind: str) -> Exception:
+    from linear_operator.utils.errors import NanError, NotPSDError
 
     from alacarte.woodbury import NotPositiveDefiniteError
 
-    failure = NotPSDError("simulated") if error == "gpytorch" else NotPositiveDefiniteError("simulated")
+    return {"gpytorch": NotPSDError, "nan": NanError, "woodbury": NotPositiveDefiniteError}[kind]("simulated")
+
+
+def _fit_with_failing_steps(model, failing_calls, error):
+    """fit() with L-BFGS steps that, at the given call numbers, leave the parameters at a bad
+    point and raise what a broken factorisation raises."""
     x, y = toy_data(n=60)
-    model = make()
     real_step = torch.optim.LBFGS.step
     calls = []
 
     def failing_step(self, closure):
         calls.append(1)
-        if len(calls) == 4:
+        if len(calls) in failing_calls:
             for group in self.param_groups:  # the probe leaves parameters at a bad point
                 for p in group["params"]:
                     p.data.fill_(1e6)
-            raise failure
+            raise _failures(error)
         return real_step(self, closure)
 
     with mock.patch.object(torch.optim.LBFGS, "step", failing_step):
-        with pytest.warns(RuntimeWarning, match="last good parameters are kept"):
-            history = fit(model, x, y, restarts=0, max_iter=10, progress=False)
+        history = fit(model, x, y, restarts=0, max_iter=10, progress=False)
+    return history, x
+
+
+MODELS = [
+    ("gpytorch", lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()),
+    ("nan", lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()),
+    ("woodbury", lambda: feature_model()),
+]
+
+
+@pytest.mark.parametrize("error, make", MODELS)
+def test_two_broken_factorisations_in_a_row_stop_training_at_the_last_good_state(error, make):
+    model = make()
+    with pytest.warns(RuntimeWarning, match="last good parameters are kept"):
+        history, x = _fit_with_failing_steps(model, {4, 5}, error)
     assert history.iterations == 3 and not history.converged
     assert all(torch.isfinite(p).all() and p.abs().max() < 1e5 for p in model.parameters())
     assert torch.isfinite(model.predict(x[:5]).mean).all()
+
+
+@pytest.mark.parametrize("error, make", MODELS)
+def test_one_broken_factorisation_is_retried_from_the_last_good_state(error, make):
+    model = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no "training stopped"
+        history, x = _fit_with_failing_steps(model, {4}, error)
+    assert history.iterations >= 4  # it went on past the failure
+    assert all(torch.isfinite(p).all() and p.abs().max() < 1e5 for p in model.parameters())
+    assert all(b <= a + 1e-9 * abs(a) for a, b in zip(history.loss, history.loss[1:]))
 
 
 def test_posterior_is_factorised_once_across_predict_calls():
