@@ -51,11 +51,14 @@ def main() -> None:
         "# Variable selection: SRFF paper Tables 2–6 (and what the other selection runs add)",
         "",
         "`python experiments/selection_report.py`; rows from `python experiments/selection_benchmark.py` run as "
-        "`--problems se1 --n 1000 5000 --methods srff`, `--problems se2 --n 1000 5000 --methods srff`, "
-        "`--problems se1 (se2) --n 1000 --methods gp-simplex-fsard gp-fsard --out "
-        "experiments/results/selection_gp_se1.csv (_se2.csv)` (rerun after the L-BFGS line-search fix), "
-        "`--problems se1 se2 (se3) --n 1000 5000 10000 50000 --methods mean ridge lasso` (5 replications; "
-        "stopped when the session's time ran out: what is missing below was not run).",
+        "`--problems se2 se1 --n 1000 --methods srff` and `--problems se2 --n 5000 --methods srff` (rerun with "
+        "the shared FISTA of commit 038bb45), `--problems se1 (se2) --n 1000 --methods gp-simplex-fsard gp-fsard "
+        "--out experiments/results/selection_gp_se1.csv (_se2.csv)`, `--problems se1 se2 --n 1000 5000 10000 50000 "
+        "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
+        "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "
+        "`python experiments/selection_rffnet.py --part se --replications 5` (RFFNet; protocol in "
+        "selection_rffnet.md). 5 replications unless the count says otherwise; what is missing below was "
+        "not run (time).",
         "",
         "Produced from "
         + ", ".join(f"`{p.relative_to(ROOT)}`" for p in sorted(RESULTS.glob("selection_*.csv")))
