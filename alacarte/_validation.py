@@ -11,6 +11,18 @@ import torch
 from torch import Tensor
 
 
+def column_standardization(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and scales for standardising ``X`` (n, d) as (X − mean)/scale.
+
+    A constant column (max = min) gets scale 1 and is only centred: its computed
+    standard deviation can be round-off rather than 0 (a column of 0.1s gives
+    ~4e-17), and dividing by that would turn the round-off into an O(1) input."""
+    mean = X.mean(axis=0)
+    scale = X.std(axis=0)
+    scale[np.ptp(X, axis=0) == 0] = 1.0
+    return mean, scale
+
+
 def check_positive_int(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -132,3 +132,19 @@ def test_refuses_to_choose_alpha_without_validation_rows():
         SRFFRegressor(n_components=10, validation_fraction=0.01).fit(x, y)
     model = SRFFRegressor(n_components=10, validation_fraction=0.01, alpha=0.5, random_state=0).fit(x, y)
     assert model.alpha_ == 0.5
+
+
+def test_srff_and_rffnet_only_centre_a_constant_column():
+    """A column of 0.1s has a computed std of ~4e-17, not 0: dividing by it would turn
+    round-off into an O(1) input. Both estimators give it scale 1 (shared rule)."""
+    from alacarte import RFFNetRegressor
+
+    rng = np.random.default_rng(0)
+    x = np.insert(rng.standard_normal((60, 2)), 1, 0.1, axis=1)
+    assert 0 < x[:, 1].std() < 1e-15  # the round-off the rule is for
+    y = np.sin(x[:, 0])
+    for model in (SRFFRegressor(n_components=20, alpha=1.0, max_iter=2, random_state=0),
+                  RFFNetRegressor(max_epochs=2, random_state=0)):
+        model.fit(x, y)
+        assert model.x_scale_[1] == 1.0 and abs(model.x_mean_[1] - 0.1) < 1e-15
+        assert np.all(np.isfinite(model.predict(x)))

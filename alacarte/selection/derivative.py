@@ -66,6 +66,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .._validation import column_standardization
+
 __all__ = ["DerivativeSelector"]
 
 
@@ -203,10 +205,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
                 f"{self.max_memory_bytes / 2**30:.2f} GiB. It is a small-data baseline: subsample, raise "
                 f"max_memory_bytes, or use RFFNetRegressor."
             )
-        self.x_mean_ = X.mean(axis=0)
-        scale = X.std(axis=0)
-        scale[np.ptp(X, axis=0) == 0] = 1.0  # constant column: centred only (its differences are exactly 0)
-        self.x_scale_ = scale
+        self.x_mean_, self.x_scale_ = column_standardization(X)
         X = self._standardise(X)
         self.gamma_ = self.gamma if self.gamma is not None else 1.0 / d
         self.y_mean_ = float(y.mean())

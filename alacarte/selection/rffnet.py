@@ -41,6 +41,8 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 from torch import Tensor
 
+from .._validation import column_standardization
+
 __all__ = ["RFFNetRegressor", "RFFNetClassifier"]
 
 _PREDICT_CHUNK = 4096  # rows per block at prediction: bounds the n×s buffer
@@ -208,9 +210,7 @@ class _RFFNetBase(BaseEstimator):
         seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
         gen = torch.Generator().manual_seed(int(seed))
 
-        self.x_mean_ = X.mean(0)
-        std = X.std(0)
-        self.x_scale_ = np.where(std > 0, std, 1.0)
+        self.x_mean_, self.x_scale_ = column_standardization(X)
         x = torch.from_numpy((X - self.x_mean_) / self.x_scale_)
         y = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float64))
 

@@ -11,6 +11,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
+from .._validation import column_standardization
 from .simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
@@ -256,9 +257,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         rng = check_random_state(self.random_state)
         seeds = rng.randint(0, 2**31 - 1, size=3)
 
-        self.x_mean_ = X.mean(0)
-        scale = X.std(0)
-        self.x_scale_ = np.where(scale > 0, scale, 1.0)
+        self.x_mean_, self.x_scale_ = column_standardization(X)
         self.intercept_ = float(y.mean())
         xs = torch.tensor((X - self.x_mean_) / self.x_scale_)
         ys = torch.tensor(y - self.intercept_)
