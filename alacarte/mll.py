@@ -7,7 +7,12 @@ from gpytorch.mlls import ExactMarginalLogLikelihood
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import Tensor
 
-from .woodbury import SufficientStatistics, negative_log_marginal_likelihood, sufficient_statistics
+from .woodbury import (
+    SufficientStatistics,
+    negative_log_marginal_likelihood,
+    negative_log_marginal_likelihood_of_rows,
+    sufficient_statistics,
+)
 
 __all__ = ["WoodburyMarginalLogLikelihood", "homoskedastic_noise"]
 
@@ -40,7 +45,10 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
 
     The same value as :class:`gpytorch.mlls.ExactMarginalLogLikelihood`
     (log p(y) plus log priors, divided by n) computed in O(nD² + D³) from one
-    Cholesky factor of A = ΦᵀΦ + σ²I (MATH.md §4); no n×n matrix, no CG.
+    Cholesky factor of A = ΦᵀΦ + σ²I (MATH.md §4); no CG.  When n < D the
+    identity is read the other way round, through K = ΦΦᵀ + σ²I: then the n×n
+    factor is the smaller one, O(n²D + n³) instead of O(nD² + D³).  For n ≥ D
+    no n×n matrix is formed.
 
     Example:
         >>> model = FeatureGP(x, y, FSARDKernel(num_dims=x.shape[-1], num_samples=256))
@@ -55,7 +63,12 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
 
     def forward(self, function_dist: MultivariateNormal, target: Tensor, *params, **kwargs) -> Tensor:
         phi = feature_root(function_dist)
-        return self.from_statistics(sufficient_statistics(phi, target - function_dist.mean), *params)
+        residual = target - function_dist.mean
+        num_data, num_features = phi.shape[-2:]
+        if num_data < num_features:
+            loss = negative_log_marginal_likelihood_of_rows(phi, residual, homoskedastic_noise(self.likelihood))
+            return self._add_other_terms(-loss, params).div_(num_data)
+        return self.from_statistics(sufficient_statistics(phi, residual), *params)
 
     def from_statistics(self, stats: SufficientStatistics, *params) -> Tensor:
         """The same value from sufficient statistics ΦᵀΦ, Φᵀr, rᵀr, n (summed over chunks

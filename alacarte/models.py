@@ -179,7 +179,8 @@ class FeatureGP(_StandardizedGP):
     ``ExactMarginalLogLikelihood``, O(nD² + D³)) for training; in eval mode
     ``model(x)`` returns the posterior with a rank-D root covariance
     ``σ² Φ* A⁻¹ Φ*ᵀ``, and :meth:`predict` streams mean and variances in
-    O(D²) per point.  No n×n (or n×n*) matrix is ever formed.
+    O(D²) per point.  No n×n (or n×n*) matrix is formed unless n < D
+    (then the training loss uses the smaller n×n factor).
 
     Args:
         train_x, train_y: training data (or ``None``; :func:`alacarte.fit` sets it).

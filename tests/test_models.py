@@ -67,6 +67,20 @@ def test_fast_path_never_factorises_an_n_by_n_matrix():
     assert sizes and set(sizes) == {32}
 
 
+def test_training_on_fewer_points_than_features_factorises_the_smaller_n_by_n_matrix():
+    """With n < D the likelihood reads the Woodbury identity the other way round:
+    training factorises only n×n matrices (the cheaper side); the posterior for
+    predictions is still the one D×D factor."""
+    x, y = toy_data(n=20)
+    model = feature_model(m=32)  # D = 64 > n = 20
+    with forbid_solves_larger_than(20) as sizes:
+        fit(model, x, y, max_iter=5, progress=False)
+    assert sizes and set(sizes) == {20}
+    with forbid_solves_larger_than(64) as sizes:
+        model.predict(torch.randn(10, 3, dtype=torch.float64))
+    assert set(sizes) == {64}
+
+
 def test_the_guard_above_catches_gpytorchs_dense_paths():
     """Control: the same guard trips on GPyTorch's exact GP (Cholesky) and on its
     default CG path, so the test above can fail."""

@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from alacarte.features.fourier import fourier_features
-from alacarte.woodbury import SufficientStatistics, negative_log_marginal_likelihood, sufficient_statistics
+from alacarte.woodbury import (
+    SufficientStatistics,
+    negative_log_marginal_likelihood,
+    negative_log_marginal_likelihood_of_rows,
+    sufficient_statistics,
+)
 
 
 def test_statistics_and_their_gradients_equal_autograd_of_the_plain_formulas():
@@ -57,6 +62,32 @@ def test_closed_form_adjoint_equals_autograd_of_the_dense_formula(batch, noise_s
                               torch.autograd.grad((dense * weights).sum(), (*leaves, noise))):
         assert a_grad.shape == b_grad.shape
         assert torch.allclose(a_grad, b_grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "batch, noise_shape, n, num_features", [((), (), 6, 40), ((), (), 40, 6), ((3,), (3,), 5, 9), ((2, 3), (2, 1), 7, 10)],
+)
+def test_the_n_by_n_form_equals_the_statistics_form(batch, noise_shape, n, num_features):
+    """K = ΦΦᵀ + σ²I (used when n < D) and A = ΦᵀΦ + σ²I give the same loss and
+    gradients in Φ, r and σ² to round-off, on either side of n = D."""
+    phi = torch.randn(*batch, n, num_features, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(*batch, n, dtype=torch.float64, requires_grad=True)
+    noise = (torch.rand(noise_shape, dtype=torch.float64) + 0.1).requires_grad_()
+    rows = negative_log_marginal_likelihood_of_rows(phi, r, noise)
+    stats = negative_log_marginal_likelihood(sufficient_statistics(phi, r), noise)
+    assert rows.shape == stats.shape
+    assert torch.allclose(rows, stats, rtol=1e-12, atol=0)
+    weights = torch.randn(rows.shape, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad((rows * weights).sum(), (phi, r, noise)),
+                    torch.autograd.grad((stats * weights).sum(), (phi, r, noise))):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-11)
+
+
+def test_gradcheck_of_the_n_by_n_form():
+    phi = torch.randn(5, 12, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    noise = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(negative_log_marginal_likelihood_of_rows, (phi, r, noise))
 
 
 def test_gradcheck_of_fourier_features():
