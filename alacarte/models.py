@@ -87,9 +87,14 @@ class _StandardizedGP(ExactGP):
 
     # -- units --------------------------------------------------------------------------
     def standardize(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """Set the transformation from data (mean 0, std 1 per column) and apply it."""
+        """Set the transformation from data (mean 0, std 1 per column) and apply it.
+
+        A constant column (max = min) is only centred: its computed std can be
+        round-off (0.1s give ~1e-17), and dividing by it would make an O(1) input."""
         x_scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
         y_scale = y.std() if y.shape[0] > 1 else torch.ones_like(y[0])
+        x_scale = x_scale.masked_fill(x.amax(0) == x.amin(0), 0.0)  # 0 → scale 1 below
+        y_scale = y_scale.masked_fill(y.amax() == y.amin(), 0.0)
         self.set_standardization(x.mean(0), x_scale, y.mean(), y_scale)
         return self.internal_inputs(x), (y - self.target_offset) / self.target_scale
 

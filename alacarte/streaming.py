@@ -30,6 +30,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable, Iterator
 
@@ -203,12 +204,12 @@ class ChunkedData:
         return model.internal_inputs(x), (y - model.target_offset) / model.target_scale
 
     # -- collectives (no-ops on one process) ------------------------------------------------
-    def all_reduce_(self, tensor: Tensor) -> Tensor:
-        """Sum ``tensor`` in place over the processes."""
+    def all_reduce_(self, tensor: Tensor, maximum: bool = False) -> Tensor:
+        """Sum (or take the maximum of) ``tensor`` in place over the processes."""
         if self.distributed:
             import torch.distributed as dist
 
-            dist.all_reduce(tensor, group=self.group)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX if maximum else dist.ReduceOp.SUM, group=self.group)
         return tensor
 
     def broadcast_state_(self, model) -> None:
@@ -227,13 +228,22 @@ class ChunkedData:
     @torch.no_grad()
     def moments(self, model) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Column means and standard deviations (n − 1) of x and y over all rows
-        and processes, in two passes (sum, then squared deviations) in float64."""
+        and processes, in two passes (sum, then squared deviations) in float64.
+
+        A constant column (max = min) gets std 0, i.e. scale 1 in
+        ``set_standardization``: its computed std would be round-off."""
         x_sum = torch.zeros(model.num_dims + 2, dtype=torch.float64, device=model.input_offset.device)
+        # max of every column of [x, y] and max of its negation: max = min ⇔ peaks sum to 0
+        peaks = torch.full((2, model.num_dims + 1), -math.inf, dtype=torch.float64, device=x_sum.device)
         for x_c, y_c in self.chunks(model):
             x_sum[:-2] += x_c.sum(0, dtype=torch.float64)
             x_sum[-2] += y_c.sum(dtype=torch.float64)
             x_sum[-1] += x_c.shape[0]
+            if x_c.shape[0]:
+                columns = torch.cat([x_c, y_c.unsqueeze(-1)], -1).to(torch.float64)
+                torch.maximum(peaks, torch.stack([columns.amax(0), (-columns).amax(0)]), out=peaks)
         self.all_reduce_(x_sum)
+        self.all_reduce_(peaks, maximum=True)
         n = x_sum[-1]
         mean = x_sum[:-1] / n
         squares = torch.zeros_like(x_sum[:-1])
@@ -242,6 +252,7 @@ class ChunkedData:
             squares[-1] += (y_c.to(torch.float64) - mean[-1]).square().sum()
         self.all_reduce_(squares)
         std = (squares / (n - 1)).sqrt() if n > 1 else torch.ones_like(squares)
+        std = std.masked_fill(peaks[0] + peaks[1] == 0, 0.0)
         dtype = model.input_offset.dtype
         return mean[:-1].to(dtype), std[:-1].to(dtype), mean[-1].to(dtype), std[-1].to(dtype)
 

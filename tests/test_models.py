@@ -10,6 +10,7 @@ import torch
 
 import alacarte
 from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, RandomFourierKernel, fit
+from alacarte.streaming import ChunkedData
 from alacarte.woodbury import cholesky_with_jitter
 
 
@@ -218,6 +219,31 @@ def test_a_converged_fit_is_at_a_stationary_point():
     loss = -marginal_log_likelihood(model)(model(model.train_inputs[0]), model.train_targets)
     grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
     assert max(float(g.abs().max()) for g in grads) < 1e-3
+
+
+def test_a_constant_column_is_centred_not_divided_by_round_off():
+    """A constant column's computed std can be round-off rather than 0 (1/3s: ~1e-17 in
+    the streamed two-pass sums, and in torch's std of a whole vector); dividing by it
+    would turn round-off into an O(1) input. In memory and streamed, it gets scale 1."""
+    x, y = toy_data(n=50)
+    x[:, 1] = 1 / 3
+    assert float((x[:, 1] - x[:, 1].sum() / 50).square().sum()) > 0  # the round-off guarded against
+    model = feature_model()
+    model.standardize(x, y)
+    streamed = feature_model()
+    streamed.set_standardization(*ChunkedData(x, y, chunk_size=7).moments(streamed))
+    for m in (model, streamed):
+        assert float(m.input_scale[1]) == 1.0
+        assert torch.allclose(m.input_scale[[0, 2]], x[:, [0, 2]].std(0), rtol=1e-12)
+        assert float(m.internal_inputs(x)[:, 1].abs().max()) < 1e-15
+    constant_y = torch.full_like(y, 1 / 3)
+    assert float(constant_y.std()) > 0
+    for m in (model, streamed):
+        if m is model:
+            m.standardize(x, constant_y)
+        else:
+            m.set_standardization(*ChunkedData(x, constant_y, chunk_size=7).moments(m))
+        assert float(m.target_scale) == 1.0
 
 
 def test_standardisation_gives_original_units():
