@@ -304,8 +304,9 @@ def fit(
     history.seconds = time.perf_counter() - start
     if jitters:  # one warning per fit, not one per iteration
         warnings.warn(
-            f"A = ΦᵀΦ + σ²I was not numerically positive definite in {len(jitters)} factorisations during "
-            f"training; jitter up to {max(jitters):.1e}×mean(diag A) was added to its diagonal. "
+            f"ΦᵀΦ + σ²I (ΦΦᵀ + σ²I when n < D) was not numerically positive definite in {len(jitters)} "
+            f"factorisations during training; jitter up to {max(jitters):.1e}×its mean diagonal was "
+            "added to its diagonal. "
             "Consider a larger noise lower bound or float64.",
             RuntimeWarning,
             stacklevel=2,

@@ -197,8 +197,8 @@ def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
                 record.append(jitter)
             else:
                 warnings.warn(
-                    f"A = ΦᵀΦ + σ²I was not numerically positive definite; added jitter "
-                    f"{jitter:.1e}×mean(diag A) (≈{float(jitter * scale.max()):.3g}) to its diagonal. "
+                    f"ΦᵀΦ + σ²I (ΦΦᵀ + σ²I when n < D) was not numerically positive definite; added jitter "
+                    f"{jitter:.1e}×its mean diagonal (≈{float(jitter * scale.max()):.3g}) to its diagonal. "
                     "Consider a larger noise lower bound or float64.",
                     RuntimeWarning,
                     stacklevel=2,
@@ -206,8 +206,8 @@ def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
             return factor
         jitter *= 10
     raise NotPositiveDefiniteError(
-        "A = ΦᵀΦ + σ²I is not positive definite even with jitter: the features or the noise contain "
-        "non-finite values, or the noise is far too small for this dtype"
+        "ΦᵀΦ + σ²I (ΦΦᵀ + σ²I when n < D) is not positive definite even with jitter: the features or the "
+        "noise contain non-finite values, or the noise is far too small for this dtype"
     )
 
 
@@ -234,7 +234,8 @@ def negative_log_marginal_likelihood_of_rows(phi: Tensor, r: Tensor, noise: Tens
 
     For n < D this costs O(n²D + n³) time and n² memory instead of O(nD² + D³)
     and D² (a 93-point dataset with D = 1024: a 93×93 factor, not 1024×1024).
-    Autograd through the small factor is cheap, so no closed-form adjoint.
+    It is the statistics path transposed, with the same closed-form adjoint,
+    so the two cost the same at n = D.
 
     Args:
         phi: features (..., n, D).
@@ -242,11 +243,66 @@ def negative_log_marginal_likelihood_of_rows(phi: Tensor, r: Tensor, noise: Tens
         noise: σ², broadcastable to the batch shape.
     """
     noise = torch.as_tensor(noise, dtype=phi.dtype, device=phi.device)
-    n = phi.shape[-2]
-    factor = cholesky_with_jitter(_shifted(phi @ phi.transpose(-1, -2), noise))
-    alpha = torch.linalg.solve_triangular(factor, r.unsqueeze(-1).expand(*factor.shape[:-1], 1), upper=False)
-    quad = alpha.squeeze(-1).pow(2).sum(-1)
-    return 0.5 * quad + factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * n * math.log(2 * math.pi)
+    batch = torch.broadcast_shapes(phi.shape[:-2], r.shape[:-1], noise.shape)
+    phi = phi.expand(*batch, *phi.shape[-2:])
+    r = r.expand(*batch, r.shape[-1])
+    return _RowsNegativeLogMarginalLikelihood.apply(phi, r, noise)
+
+
+class _RowsNegativeLogMarginalLikelihood(torch.autograd.Function):
+    r"""−log p(y) from (Φ, r, σ²) through K = ΦΦᵀ + σ²I, with its closed-form adjoint.
+
+    With α = K⁻¹r and ℓ = −log p(y), ∂ℓ/∂K = ½(K⁻¹ − ααᵀ), hence
+
+    .. math::
+        \frac{∂ℓ}{∂Φ} = (K^{-1} − αα^ᵀ)Φ,\quad \frac{∂ℓ}{∂r} = α,\quad
+        \frac{∂ℓ}{∂σ²} = ½(\operatorname{tr}K^{-1} − ‖α‖²):
+
+    one ``cholesky_inverse`` and one symmetric n×n by n×D product, like the
+    D×D path's adjoint with the roles of n and D exchanged.
+    """
+
+    @staticmethod
+    def forward(ctx, phi: Tensor, r: Tensor, noise: Tensor) -> Tensor:  # noqa: D102
+        n = phi.shape[-2]
+        routines = _blas_routines(phi)
+        if routines is None:
+            gram_rows = phi @ phi.transpose(-1, -2)
+        else:
+            syrk, _ = routines
+            # The C-ordered n×D array is the Fortran-ordered D×n matrix Φᵀ; trans=1 gives ΦΦᵀ.
+            upper = torch.from_numpy(syrk(1.0, phi.detach().contiguous().numpy().T, trans=1))
+            gram_rows = upper.triu() + upper.triu(1).transpose(0, 1)
+        factor = cholesky_with_jitter(_shifted(gram_rows, noise))
+        whitened = torch.linalg.solve_triangular(factor, r.unsqueeze(-1), upper=False)
+        alpha = torch.linalg.solve_triangular(factor.transpose(-1, -2), whitened, upper=True).squeeze(-1)
+        quad = whitened.squeeze(-1).pow(2).sum(-1)
+        ctx.save_for_backward(phi, factor, alpha)
+        ctx.noise_shape = noise.shape
+        return 0.5 * quad + factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * n * math.log(2 * math.pi)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):  # noqa: D102
+        phi, factor, alpha = ctx.saved_tensors
+        grads = [None, None, None]
+        inverse = torch.cholesky_inverse(factor) if ctx.needs_input_grad[0] or ctx.needs_input_grad[2] else None
+        if ctx.needs_input_grad[0]:
+            sym = grad[..., None, None] * (inverse - alpha.unsqueeze(-1) * alpha.unsqueeze(-2))
+            routines = _blas_routines(phi)
+            if routines is None:
+                grads[0] = sym @ phi
+            else:
+                _, symm = routines
+                # Φᵀ S as a Fortran-ordered D×n matrix is S Φ in C order.
+                out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=1)
+                grads[0] = torch.from_numpy(out.T)
+        if ctx.needs_input_grad[1]:
+            grads[1] = grad.unsqueeze(-1) * alpha
+        if ctx.needs_input_grad[2]:
+            trace = inverse.diagonal(dim1=-2, dim2=-1).sum(-1)
+            grads[2] = _sum_to_shape(0.5 * grad * (trace - alpha.pow(2).sum(-1)), ctx.noise_shape)
+        return tuple(grads)
 
 
 def _sum_to_shape(grad: Tensor, shape: torch.Size) -> Tensor:

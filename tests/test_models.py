@@ -467,19 +467,21 @@ def test_priors_on_our_constrained_parameters_enter_the_likelihood_and_survive_p
     torch.manual_seed(0)
     x, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, dtype=torch.float64)
     prior = gpytorch.priors.GammaPrior(2.0, 3.0)
-    with_prior = FeatureGP(x, y, FSARDKernel(3, 16, ard_num_dims=3, seed=0, outputscale_prior=prior)).double()
-    plain = FeatureGP(x, y, FSARDKernel(3, 16, ard_num_dims=3, seed=0)).double()
-    plain.load_state_dict(with_prior.state_dict(), strict=False)  # (the prior has buffers)
-    kernel = with_prior.covar_module
-    kernel.outputscale = 0.7
-    plain.covar_module.outputscale = 0.7
-    losses = []
-    for model in (with_prior, plain):
-        model.train()
-        mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
-        losses.append(float(mll(model(x), y)))
-    expected = float(prior.log_prob(torch.tensor(0.7, dtype=torch.float64))) / len(y)
-    assert losses[0] - losses[1] == pytest.approx(expected, rel=1e-10)
+    for num_samples in (16, 32):  # D = 32 < n = 40 (statistics path), D = 64 > n (n×n path)
+        with_prior = FeatureGP(x, y, FSARDKernel(3, num_samples, ard_num_dims=3, seed=0,
+                                                 outputscale_prior=prior)).double()
+        plain = FeatureGP(x, y, FSARDKernel(3, num_samples, ard_num_dims=3, seed=0)).double()
+        plain.load_state_dict(with_prior.state_dict(), strict=False)  # (the prior has buffers)
+        kernel = with_prior.covar_module
+        kernel.outputscale = 0.7
+        plain.covar_module.outputscale = 0.7
+        losses = []
+        for model in (with_prior, plain):
+            model.train()
+            mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+            losses.append(float(mll(model(x), y).detach()))
+        expected = float(prior.log_prob(torch.tensor(0.7, dtype=torch.float64))) / len(y)  # (prior now float64)
+        assert losses[0] - losses[1] == pytest.approx(expected, rel=1e-10)
     assert isinstance(kernel.outputscale_prior, gpytorch.priors.GammaPrior)
     clone = pickle.loads(pickle.dumps(kernel))
     assert torch.equal(clone.outputscale, kernel.outputscale)

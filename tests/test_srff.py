@@ -148,3 +148,16 @@ def test_srff_and_rffnet_only_centre_a_constant_column():
         model.fit(x, y)
         assert model.x_scale_[1] == 1.0 and abs(model.x_mean_[1] - 0.1) < 1e-15
         assert np.all(np.isfinite(model.predict(x)))
+
+
+def test_rffnet_only_centres_a_constant_target():
+    """The same rule for y: np.std of 60 copies of 1/3 is 1.1e-16; dividing the centred
+    targets (round-off) by it would give the network O(1) noise to fit."""
+    from alacarte import RFFNetRegressor
+
+    x = np.random.default_rng(0).standard_normal((60, 2))
+    y = np.full(60, 1 / 3)
+    assert 0 < y.std() < 1e-15
+    model = RFFNetRegressor(max_epochs=2, random_state=0).fit(x, y)
+    assert model.y_scale_ == 1.0
+    assert np.allclose(model.predict(x), 1 / 3, atol=1e-2)

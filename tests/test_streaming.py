@@ -55,6 +55,16 @@ def test_streamed_loss_and_every_gradient_equal_the_in_memory_path(chunk_size):
     _assert_same(_streamed_loss_and_grads(model, ChunkedData(x, y, chunk_size=chunk_size)), reference)
 
 
+def test_streamed_statistics_equal_the_in_memory_n_by_n_path_when_n_is_below_d():
+    """With n = 61 < D = 128 the in-memory likelihood factorises the n×n K, the streamed one
+    the D×D A: two different computations of the same number (priors included)."""
+    x, y, model = make_case(num_samples=64)
+    with torch.no_grad():
+        model.set_standardization(x.mean(0), x.std(0), y.mean(), y.std())
+    reference = _in_memory_loss_and_grads(model, x, y)
+    _assert_same(_streamed_loss_and_grads(model, ChunkedData(x, y, chunk_size=20)), reference, tol=1e-9)
+
+
 def test_streamed_gradients_of_a_mixture_kernel_equal_the_in_memory_path():
     x, y, _ = make_case()
     kernel = SpectralMixtureFastfoodKernel(3, 16, num_components=2, seed=3)

@@ -65,13 +65,16 @@ def test_closed_form_adjoint_equals_autograd_of_the_dense_formula(batch, noise_s
 
 
 @pytest.mark.parametrize(
-    "batch, noise_shape, n, num_features", [((), (), 6, 40), ((), (), 40, 6), ((3,), (3,), 5, 9), ((2, 3), (2, 1), 7, 10)],
+    "phi_batch, r_batch, noise_shape, n, num_features",
+    [((), (), (), 6, 40), ((), (), (), 40, 6), ((3,), (3,), (3,), 5, 9), ((2, 3), (2, 3), (2, 1), 7, 10),
+     ((), (3,), (), 5, 9), ((3,), (), (2, 1), 5, 9)],
 )
-def test_the_n_by_n_form_equals_the_statistics_form(batch, noise_shape, n, num_features):
+def test_the_n_by_n_form_equals_the_statistics_form(phi_batch, r_batch, noise_shape, n, num_features):
     """K = ΦΦᵀ + σ²I (used when n < D) and A = ΦᵀΦ + σ²I give the same loss and
-    gradients in Φ, r and σ² to round-off, on either side of n = D."""
-    phi = torch.randn(*batch, n, num_features, dtype=torch.float64, requires_grad=True)
-    r = torch.randn(*batch, n, dtype=torch.float64, requires_grad=True)
+    gradients in Φ, r and σ² to round-off, on either side of n = D, with batches
+    that broadcast between Φ, r and σ² (the BLAS path is the unbatched one)."""
+    phi = torch.randn(*phi_batch, n, num_features, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(*r_batch, n, dtype=torch.float64, requires_grad=True)
     noise = (torch.rand(noise_shape, dtype=torch.float64) + 0.1).requires_grad_()
     rows = negative_log_marginal_likelihood_of_rows(phi, r, noise)
     stats = negative_log_marginal_likelihood(sufficient_statistics(phi, r), noise)

@@ -313,8 +313,8 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
         self.y_mean_ = float(y.mean())
-        y_std = float(y.std())
-        self.y_scale_ = y_std if y_std > 0 else 1.0
+        # a constant y (max = min) is only centred: its computed std can be round-off
+        self.y_scale_ = float(y.std()) if np.ptp(y) > 0 else 1.0
         return self._fit_targets(X, (y - self.y_mean_) / self.y_scale_)
 
     def predict(self, X) -> np.ndarray:
