@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import queue
 import resource
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -106,11 +107,25 @@ def _run_cell(cell: tuple) -> dict:
                 components=components if method in ("gm", "pwl") else "")
 
 
-def _row(dataset, split, method, cfg, **values) -> dict:
+def package_version() -> str:
+    """``alacarte.__version__``, plus ``+g<commit>`` (and ``.dirty`` for uncommitted changes)
+    when the package runs from a git checkout, so every row names the code that produced it."""
     import alacarte as ac
 
+    root = Path(ac.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+                                "alacarte"], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ac.__version__
+    return f"{ac.__version__}+g{commit}" + (".dirty" if dirty else "") if commit else ac.__version__
+
+
+def _row(dataset, split, method, cfg, **values) -> dict:
     row = {"dataset": dataset, "split": split, "method": method, "restarts": cfg["restarts"],
-           "max_iter": cfg["max_iter"], "seed": split, "version": ac.__version__}
+           "max_iter": cfg["max_iter"], "seed": split, "version": cfg["version"]}
     row.update(values)
     return row
 
@@ -161,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     done = {(r["dataset"], int(r["split"]), r["method"]) for r in read_rows(args.csv)}
     cfg = {"data": args.data, "num_samples": args.num_samples, "components": args.components,
            "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
-           "threads": args.threads}
+           "threads": args.threads, "version": package_version()}
     cells = [(ds, s, m, cfg) for ds in datasets for s in parse_splits(args.splits) for m in args.methods
              if (ds, s, m) not in done]
     if args.limit is not None:

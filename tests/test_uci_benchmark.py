@@ -68,3 +68,21 @@ def test_alacarte_bench_command(tmp_path, capsys):
     assert "0.13 ± 0.08" in text and set(FIELDS) >= {"status", "model"}
     assert main(["bench", "run", "--datasets", "yacht", "--methods", "nope", "--csv", str(path)]) == 2
     assert "unknown method" in capsys.readouterr().err
+
+
+def test_rows_name_the_commit_that_produced_them(monkeypatch):
+    """From a git checkout the version is ``<package version>+g<commit>`` (the commit of
+    this checkout); without git it is the package version alone."""
+    import alacarte
+    from alacarte.benchmark import package_version
+
+    root = Path(alacarte.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert package_version().startswith(f"{alacarte.__version__}+g{head.stdout.strip()}")
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert package_version() == alacarte.__version__
