@@ -264,6 +264,12 @@ def report(args: argparse.Namespace) -> str:
              "the mean training seconds · peak resident MB of one cell's process. **Bold**: the best mean of the "
              "row, ours or the paper's (À la carte Table 1). `exact-*` run as Fastfood expansions at n ≥ 2000 "
              "(marked ff), as in the paper.", ""]
+    versions = defaultdict(int)
+    for r in rows:
+        versions[r.get("version") or "unknown"] += 1
+    if len(versions) > 1:
+        lines += ["Rows by the code that produced them (version column): "
+                  + ", ".join(f"{v}: {k}" for v, k in versions.items()) + ".", ""]
     lines += ["| dataset | n train | " + " | ".join(f"{m}" for m in methods) + " | "
               + " | ".join(f"{PAPER_COLUMNS[m]} (paper)" for m in paper_methods) + " |",
               "|" + "---|" * (2 + len(methods) + len(paper_methods))]
