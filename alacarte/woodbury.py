@@ -53,6 +53,28 @@ def _blas_routines(phi: Tensor):
 _BLAS_PREFIX = {torch.float64: "d", torch.float32: "s"}
 
 
+def _gram(phi: Tensor, of_rows: bool = False) -> Tensor:
+    """ΦᵀΦ (D×D), or ΦΦᵀ (n×n) with ``of_rows``; on the CPU by BLAS syrk (half a GEMM)."""
+    routines = _blas_routines(phi)
+    if routines is None:
+        return phi @ phi.transpose(-1, -2) if of_rows else phi.transpose(-1, -2) @ phi
+    syrk, _ = routines
+    # A C-ordered n×D array is the Fortran-ordered D×n matrix Φᵀ: no copy; trans=1 gives ΦΦᵀ.
+    upper = torch.from_numpy(syrk(1.0, phi.detach().contiguous().numpy().T, trans=int(of_rows)))
+    return upper.triu() + upper.triu(1).transpose(0, 1)
+
+
+def _symmetric_times(sym: Tensor, phi: Tensor, on_rows: bool = False) -> Tensor:
+    """Φ S for a symmetric D×D S, or S Φ for a symmetric n×n S with ``on_rows``; BLAS symm on the CPU."""
+    routines = _blas_routines(phi)
+    if routines is None:
+        return sym @ phi if on_rows else phi @ sym
+    _, symm = routines
+    # S Φᵀ (or Φᵀ S) as a Fortran-ordered D×n matrix is Φ S (or S Φ) in C order.
+    out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=int(on_rows))
+    return torch.from_numpy(out.T)
+
+
 class _GramAndProjection(torch.autograd.Function):
     """(ΦᵀΦ, Φᵀr) with the one-product backward ∂/∂Φ = Φ(Ḡ + Ḡᵀ) + r b̄ᵀ.
 
@@ -66,13 +88,7 @@ class _GramAndProjection(torch.autograd.Function):
     def forward(ctx, phi: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:  # noqa: D102
         ctx.save_for_backward(phi, r)
         phi_r = (r.unsqueeze(-2) @ phi).squeeze(-2)
-        routines = _blas_routines(phi)
-        if routines is None:
-            return phi.transpose(-1, -2) @ phi, phi_r
-        syrk, _ = routines
-        # A C-ordered n×D array is the Fortran-ordered D×n matrix Φᵀ: no copy.
-        upper = torch.from_numpy(syrk(1.0, phi.detach().contiguous().numpy().T, trans=0))
-        return upper.triu() + upper.triu(1).transpose(0, 1), phi_r
+        return _gram(phi), phi_r
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -101,14 +117,7 @@ def statistics_adjoint(
     grad_phi = grad_r = None
     if grad_gram is not None:
         sym = grad_gram + grad_gram.transpose(-1, -2)
-        routines = _blas_routines(phi)
-        if routines is None:
-            grad_phi = phi @ sym
-        else:
-            _, symm = routines
-            # (S Φᵀ) as a Fortran-ordered D×n matrix is Φ S in C order.
-            out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=0)
-            grad_phi = torch.from_numpy(out.T)
+        grad_phi = _symmetric_times(sym, phi)
     if grad_phi_r is not None:
         if grad_phi is None:
             grad_phi = r.unsqueeze(-1) * grad_phi_r.unsqueeze(-2)
@@ -265,15 +274,7 @@ class _RowsNegativeLogMarginalLikelihood(torch.autograd.Function):
     @staticmethod
     def forward(ctx, phi: Tensor, r: Tensor, noise: Tensor) -> Tensor:  # noqa: D102
         n = phi.shape[-2]
-        routines = _blas_routines(phi)
-        if routines is None:
-            gram_rows = phi @ phi.transpose(-1, -2)
-        else:
-            syrk, _ = routines
-            # The C-ordered n×D array is the Fortran-ordered D×n matrix Φᵀ; trans=1 gives ΦΦᵀ.
-            upper = torch.from_numpy(syrk(1.0, phi.detach().contiguous().numpy().T, trans=1))
-            gram_rows = upper.triu() + upper.triu(1).transpose(0, 1)
-        factor = cholesky_with_jitter(_shifted(gram_rows, noise))
+        factor = cholesky_with_jitter(_shifted(_gram(phi, of_rows=True), noise))
         whitened = torch.linalg.solve_triangular(factor, r.unsqueeze(-1), upper=False)
         alpha = torch.linalg.solve_triangular(factor.transpose(-1, -2), whitened, upper=True).squeeze(-1)
         quad = whitened.squeeze(-1).pow(2).sum(-1)
@@ -289,14 +290,7 @@ class _RowsNegativeLogMarginalLikelihood(torch.autograd.Function):
         inverse = torch.cholesky_inverse(factor) if ctx.needs_input_grad[0] or ctx.needs_input_grad[2] else None
         if ctx.needs_input_grad[0]:
             sym = grad[..., None, None] * (inverse - alpha.unsqueeze(-1) * alpha.unsqueeze(-2))
-            routines = _blas_routines(phi)
-            if routines is None:
-                grads[0] = sym @ phi
-            else:
-                _, symm = routines
-                # Φᵀ S as a Fortran-ordered D×n matrix is S Φ in C order.
-                out = symm(1.0, sym.contiguous().numpy(), phi.detach().contiguous().numpy().T, side=1)
-                grads[0] = torch.from_numpy(out.T)
+            grads[0] = _symmetric_times(sym, phi, on_rows=True)
         if ctx.needs_input_grad[1]:
             grads[1] = grad.unsqueeze(-1) * alpha
         if ctx.needs_input_grad[2]:

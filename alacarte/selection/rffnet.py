@@ -312,9 +312,8 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
     def fit(self, X, y) -> "RFFNetRegressor":
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
-        self.y_mean_ = float(y.mean())
-        # a constant y (max = min) is only centred: its computed std can be round-off
-        self.y_scale_ = float(y.std()) if np.ptp(y) > 0 else 1.0
+        y_mean, y_scale = column_standardization(y[:, None])  # a constant y is only centred
+        self.y_mean_, self.y_scale_ = float(y_mean[0]), float(y_scale[0])
         return self._fit_targets(X, (y - self.y_mean_) / self.y_scale_)
 
     def predict(self, X) -> np.ndarray:
