@@ -44,6 +44,7 @@ ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
 PAPER_COLUMNS = {"exact-rbf": "RBF", "exact-ard": "ARD", "fsard": "FSARD", "gm": "GM", "pwl": "PWL",
                  "fsgbard": "FSGBARD", "ssgpr": "SSGPR"}
 EXACT_LIMIT = 2000  # the paper's exact GPs stop here; Fastfood expansions of the same kernels above
+PRINTED_ZERO = 0.005  # the paper's Table 1 has two decimals where it prints 0.00
 DEFAULT_PAPER_TABLE = Path(__file__).resolve().parents[1] / "experiments" / "paper_table1.csv"
 
 
@@ -324,14 +325,23 @@ def _goals(datasets, rmse, paper, paper_methods) -> list[str]:
         if not ours or not theirs:
             continue
         m_ours, m_paper = min(ours, key=ours.get), min(theirs, key=theirs.get)
-        ratio = ours[m_ours] / theirs[m_paper] if theirs[m_paper] > 0 else math.inf
+        if theirs[m_paper] > 0:
+            ratio = ours[m_ours] / theirs[m_paper]
+            beaten += ratio <= 1
+            within += ratio <= 1.1
+            ratio_text = f"{ratio:.2f}"
+        else:
+            # The paper prints two decimals, so its 0.00 is some value below 0.005: no ratio exists;
+            # ours matches it only if it too prints as 0.00.
+            matched = ours[m_ours] < PRINTED_ZERO
+            beaten += matched
+            within += matched
+            ratio_text = f"{'≤' if matched else '>'} (paper printed 0.00)"
         counted += 1
-        beaten += ratio <= 1
-        within += ratio <= 1.1
         ard = rmse[(ds, "exact-ard")]
         ard_ratio = f"{np.mean(ard) / paper[(ds, 'ARD')][0]:.2f}" if ard and (ds, "ARD") in paper else "—"
         lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper]:.3g} ({m_paper}) | "
-                     f"{ratio:.2f} | {ard_ratio} |")
+                     f"{ratio_text} | {ard_ratio} |")
     lines += ["", f"Best À la carte kernel ≤ the paper's best on {beaten} of {counted} datasets; "
                   f"within 10% on {within} of {counted}."]
     return lines

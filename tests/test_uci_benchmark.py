@@ -86,3 +86,21 @@ def test_rows_name_the_commit_that_produced_them(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", no_git)
     assert package_version() == alacarte.__version__
+
+
+@pytest.mark.parametrize("ours, verdict, matched", [(0.004, "≤", 1), (0.05, ">", 0)])
+def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ours, verdict, matched):
+    """Parkinsons' GM is 0.00 in the paper (two decimals): no ratio exists, and ours matches it
+    only when it too is below 0.005 — never a division by zero or an infinite 'ratio'."""
+    from alacarte.benchmark import append_row
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    append_row(path, {"dataset": "parkinsons", "split": 0, "method": "gm", "model": "gm", "status": "ok",
+                      "rmse": ours, "nlpd": 0.0, "train_seconds": 3.0, "peak_rss_mb": 300.0, "n_train": 5287,
+                      "d": 20, "num_features": 1024, "components": 4, "restarts": 5, "max_iter": 100,
+                      "seed": 0, "version": "0"})
+    assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert f"| {verdict} (paper printed 0.00) |" in text
+    assert f"≤ the paper's best on {matched} of 1 datasets; within 10% on {matched} of 1." in text
