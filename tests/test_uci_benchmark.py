@@ -104,3 +104,8 @@ def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ou
     text = (tmp_path / "r.md").read_text()
     assert f"| {verdict} (paper printed 0.00) |" in text
     assert f"≤ the paper's best on {matched} of 1 datasets; within 10% on {matched} of 1." in text
+    # The same-method table gives the same verdict and counts it.
+    assert f"| parkinsons | {verdict} (paper printed 0.00) [1] |" in text
+    assert f"| **within 5%** | {matched} of 1 |" in text
+    # The paper's other 28 datasets have no rows: the report says so rather than count 1 of 1 silently.
+    assert "Not run, so in neither count: 28 of the paper's 29 datasets (challenger, fertility," in text
