@@ -37,7 +37,9 @@ from tqdm.auto import tqdm
 __all__ = ["METHODS", "main", "run", "report"]
 
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
-          "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version"]
+          "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version",
+          "iterations", "converged"]
+# (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
 METHODS = ("exact-rbf", "exact-ard", "fastfood-rbf", "fastfood-ard", "fsard", "fsgbard", "gm", "pwl", "ssgpr", "rks")
 # (the names of alacarte.factory.KERNEL_NAMES, in the order of the report's columns)
 ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
@@ -101,7 +103,8 @@ def _run_cell(cell: tuple) -> dict:
     return _row(dataset, split, method, cfg, model=model_kind, status="ok",
                 rmse=float((pred.mean - y).pow(2).mean().sqrt()),
                 nlpd=float((0.5 * ((y - pred.mean) ** 2 / var + var.log() + math.log(2 * math.pi))).mean()),
-                train_seconds=round(history.seconds, 3),
+                train_seconds=round(history.seconds, 3), iterations=history.iterations,
+                converged=history.converged,
                 peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 n_train=n_train, d=d,
                 num_features=0 if model_kind.startswith("exact") else 2 * cfg["num_samples"],
@@ -133,14 +136,57 @@ def _row(dataset, split, method, cfg, **values) -> dict:
 
 def append_row(path: str | os.PathLike, row: dict) -> None:
     """Append one row (and the header to a new file) under an exclusive lock, synced to disk."""
-    with open(path, "a", newline="") as fh:
+    while True:
+        with open(path, "a", newline="") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                if os.fstat(fh.fileno()).st_ino != os.stat(path).st_ino:
+                    continue  # upgrade_csv replaced the file while we waited for the lock: append to the new one
+                if fh.tell() == 0:
+                    csv.writer(fh).writerow(FIELDS)
+                elif (header := _header(path)) != FIELDS:
+                    raise ValueError(f"{path} has the columns {header}, this runner writes {FIELDS}; "
+                                     "`alacarte bench run` upgrades an older results file before it appends")
+                csv.DictWriter(fh, FIELDS).writerow(row)
+                fh.flush()
+                os.fsync(fh.fileno())
+                return
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _header(path: str | os.PathLike) -> list[str]:
+    with open(path, newline="") as fh:
+        return next(csv.reader(line for line in fh if not line.startswith("#")), [])
+
+
+def upgrade_csv(path: str | os.PathLike) -> None:
+    """Give a results file written before a column was added the current columns, blank in its
+    old rows; comment lines are kept.  Atomic: the file is rewritten aside and renamed over the
+    old one, under the lock that :func:`append_row` takes, so no row is lost or misaligned."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, newline="") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            if fh.tell() == 0:
-                csv.writer(fh).writerow(FIELDS)
-            csv.DictWriter(fh, FIELDS).writerow(row)
-            fh.flush()
-            os.fsync(fh.fileno())
+            lines = fh.readlines()
+            comments = [line for line in lines if line.startswith("#")]
+            reader = csv.DictReader(line for line in lines if not line.startswith("#"))
+            header = reader.fieldnames or []
+            if header == FIELDS:
+                return
+            unknown = [name for name in header if name not in FIELDS]
+            if unknown:
+                raise ValueError(f"{path} has columns this runner does not know: {unknown}; expected {FIELDS}")
+            staged = f"{path}.upgrade"
+            with open(staged, "w", newline="") as out:
+                out.writelines(comments)
+                writer = csv.DictWriter(out, FIELDS)
+                writer.writeheader()
+                writer.writerows(reader)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(staged, path)
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
@@ -174,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
     datasets = [canonical_name(ds) for ds in args.datasets]
+    upgrade_csv(args.csv)
     done = {(r["dataset"], int(r["split"]), r["method"]) for r in read_rows(args.csv)}
     cfg = {"data": args.data, "num_samples": args.num_samples, "components": args.components,
            "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
@@ -251,18 +298,22 @@ def report(args: argparse.Namespace) -> str:
             timeouts[(r["dataset"], r["method"])] += 1
     paper = load_paper(args.paper)
     rmse, seconds, memory, models = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(set)
+    converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
     for r in rows:
         key = (r["dataset"], r["method"])
         rmse[key].append(float(r["rmse"]))
         seconds[key].append(float(r["train_seconds"]))
         memory[key].append(float(r["peak_rss_mb"]))
         models[key].add(r.get("model") or r["method"])
+        if r.get("converged"):
+            converged[key].append(r["converged"] == "True")
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = [m for m in METHODS if any((ds, m) in rmse for ds in datasets)]
     paper_methods = [m for m in methods if m in PAPER_COLUMNS]
     lines = [f"Command: `{args.command}`" if args.command else "", "",
              "Test RMSE, mean ± std over splits (number of splits in brackets when fewer than 10), and under it "
-             "the mean training seconds · peak resident MB of one cell's process. **Bold**: the best mean of the "
+             "the mean training seconds · peak resident MB of one cell's process (and, where recorded, how many "
+             "fits converged before max_iter). **Bold**: the best mean of the "
              "row, ours or the paper's (À la carte Table 1). `exact-*` run as Fastfood expansions at n ≥ 2000 "
              "(marked ff), as in the paper.", ""]
     versions = defaultdict(int)
@@ -292,8 +343,10 @@ def report(args: argparse.Namespace) -> str:
             text = _fmt(np.mean(v), np.std(v)) + (f" [{len(v)}]" if len(v) < 10 else "")
             text = f"**{text}**" if ours[m] == best else text
             marker = " ff" if any(k.startswith("fastfood") for k in models[(ds, m)]) and m.startswith("exact") else ""
+            ended = converged[(ds, m)]
+            fits = f" · {sum(ended)}/{len(ended)} converged" if ended else ""
             cells.append(f"{text}{marker}<br><sub>{np.mean(seconds[(ds, m)]):.0f} s · "
-                         f"{np.mean(memory[(ds, m)]):.0f} MB</sub>")
+                         f"{np.mean(memory[(ds, m)]):.0f} MB{fits}</sub>")
         for m in paper_methods:
             p = paper.get((ds, PAPER_COLUMNS[m]))
             cells.append("—" if p is None else (f"**{_fmt(*p)}**" if p[0] == best else _fmt(*p)))

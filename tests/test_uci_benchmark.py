@@ -35,11 +35,14 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert "4 cells done, 0 to run" in run(resumed)  # nothing left: re-running does no work
     assert len(results(whole)) == 4
     assert results(resumed) == results(whole)
+    for row in map(dict, results(whole)):  # how each fit ended is recorded with it
+        assert int(row["iterations"]) >= 1 and row["converged"] in ("True", "False")
     report = subprocess.run([sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "report", "--csv",
                              str(whole)], check=True, capture_output=True, text=True, timeout=60).stdout
     assert "| yacht |" in report and "0.13 ± 0.06" in report  # the paper's FSARD value beside ours
     assert "**datasets won** (ours)" in report and "within 10% on" in report
     assert "| **within 5%** |" in report  # each method against the paper's same method
+    assert report.count("/1 converged</sub>") == 4  # one fit per cell, each with its ending recorded
 
 
 def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path):
@@ -109,3 +112,33 @@ def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ou
     assert f"| **within 5%** | {matched} of 1 |" in text
     # The paper's other 28 datasets have no rows: the report says so rather than count 1 of 1 silently.
     assert "Not run, so in neither count: 28 of the paper's 29 datasets (challenger, fertility," in text
+
+
+def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp_path):
+    """A CSV written before ``iterations``/``converged`` existed is upgraded in place (old rows
+    blank there) before the runner appends; a foreign file is refused, never appended to."""
+    from alacarte.benchmark import FIELDS, append_row, read_rows, upgrade_csv
+
+    old_fields = FIELDS[: FIELDS.index("version") + 1]
+    path = tmp_path / "old.csv"
+    old_row = dict(zip(old_fields, ["yacht", "0", "gm", "gm", "ok", "0.1", "0.2", "3.0", "300.0", "277", "6",
+                                    "1024", "2", "5", "100", "0", "0.1.0"]))
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, old_fields)
+        writer.writeheader()
+        writer.writerow(old_row)
+    with pytest.raises(ValueError, match="upgrades an older results file"):
+        append_row(path, {**old_row, "split": "1", "iterations": 7, "converged": True})
+    upgrade_csv(path)
+    upgrade_csv(path)  # a second upgrade changes nothing
+    append_row(path, {**old_row, "split": "1", "iterations": 7, "converged": True})
+    first, second = read_rows(path)
+    assert list(first) == FIELDS
+    assert {k: first[k] for k in old_fields} == old_row and first["iterations"] == first["converged"] == ""
+    assert second["split"] == "1" and second["iterations"] == "7" and second["converged"] == "True"
+
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("dataset,split,score\nyacht,0,1\n")
+    with pytest.raises(ValueError, match="does not know: \\['score'\\]"):
+        upgrade_csv(foreign)
+    assert foreign.read_text() == "dataset,split,score\nyacht,0,1\n"
