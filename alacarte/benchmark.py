@@ -388,9 +388,10 @@ def _goals(datasets, rmse, paper, paper_methods) -> list[str]:
                      f"{ratio_text} | {ard_ratio} |")
     lines += ["", f"Best À la carte kernel ≤ the paper's best on {beaten} of {counted} datasets; "
                   f"within 10% on {within} of {counted}."]
-    not_run = [ds for ds in dict.fromkeys(ds for ds, _ in paper) if ds not in datasets]
+    paper_datasets = list(dict.fromkeys(ds for ds, _ in paper))
+    not_run = [ds for ds in paper_datasets if ds not in datasets]
     if not_run:
-        lines.append(f"Not run, so in neither count: {len(not_run)} of the paper's {len(not_run) + counted} "
+        lines.append(f"Not run, so in neither count: {len(not_run)} of the paper's {len(paper_datasets)} "
                      f"datasets ({', '.join(not_run)}).")
     return lines
 
