@@ -157,7 +157,12 @@ def append_row(path: str | os.PathLike, row: dict) -> None:
 
 def _header(path: str | os.PathLike) -> list[str]:
     with open(path, newline="") as fh:
-        return next(csv.reader(line for line in fh if not line.startswith("#")), [])
+        return _table(fh).fieldnames or []
+
+
+def _table(lines) -> csv.DictReader:
+    """The rows of a results or paper CSV; lines starting with ``#`` are comments."""
+    return csv.DictReader(line for line in lines if not line.startswith("#"))
 
 
 def upgrade_csv(path: str | os.PathLike) -> None:
@@ -171,7 +176,7 @@ def upgrade_csv(path: str | os.PathLike) -> None:
         try:
             lines = fh.readlines()
             comments = [line for line in lines if line.startswith("#")]
-            reader = csv.DictReader(line for line in lines if not line.startswith("#"))
+            reader = _table(lines)
             header = reader.fieldnames or []
             if header == FIELDS:
                 return
@@ -195,7 +200,7 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path, newline="") as fh:
-        return list(csv.DictReader(line for line in fh if not line.startswith("#")))
+        return list(_table(fh))
 
 
 def parse_splits(text: str) -> list[int]:
