@@ -29,6 +29,7 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -46,7 +47,6 @@ ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
 PAPER_COLUMNS = {"exact-rbf": "RBF", "exact-ard": "ARD", "fsard": "FSARD", "gm": "GM", "pwl": "PWL",
                  "fsgbard": "FSGBARD", "ssgpr": "SSGPR"}
 EXACT_LIMIT = 2000  # the paper's exact GPs stop here; Fastfood expansions of the same kernels above
-PRINTED_ZERO = 0.005  # the paper's Table 1 has two decimals where it prints 0.00
 DEFAULT_PAPER_TABLE = Path(__file__).resolve().parents[1] / "experiments" / "paper_table1.csv"
 
 
@@ -287,25 +287,54 @@ def _record(args, row: dict, bar) -> int:
 
 
 # -- reporting ----------------------------------------------------------------------------
+class PaperValue(NamedTuple):
+    mean: float
+    std: float
+    decimals: int  # as printed: the paper's 0.47 is some value in [0.465, 0.475)
+
+
 def load_paper(path: str | os.PathLike) -> dict:
-    return {(r["dataset"], r["method"]): (float(r["rmse_mean"]), float(r["rmse_std"])) for r in read_rows(path)}
+    return {(r["dataset"], r["method"]): PaperValue(float(r["rmse_mean"]), float(r["rmse_std"]),
+                                                    len(r["rmse_mean"].partition(".")[2]))
+            for r in read_rows(path)}
 
 
 def _fmt(mean: float, std: float) -> str:
     return f"{mean:.3g} ± {std:.2g}"
 
 
+def _column_of(rows: list[dict]):
+    """A function giving each row its report column: the method, or the method and its number of
+    features (``gm D=4096``) when the rows hold that method at more than one D — results files of
+    several protocols in one report."""
+    sizes = defaultdict(set)
+    for r in rows:
+        sizes[r["method"]].add(r.get("num_features") or "")
+    return lambda r: f"{r['method']} D={r['num_features']}" if len(sizes[r["method"]]) > 1 else r["method"]
+
+
+def _method_of(column: str) -> str:
+    return column.split(" ")[0]
+
+
+def _column_order(column: str) -> tuple:
+    method, _, size = column.partition(" D=")
+    return METHODS.index(method), int(size or 0)
+
+
 def report(args: argparse.Namespace) -> str:
-    rows = [r for r in read_rows(args.csv) if r.get("status", "ok") == "ok"]
-    timeouts = defaultdict(int)
-    for r in read_rows(args.csv):
+    every_row = [r for path in args.csv for r in read_rows(path)]
+    rows = [r for r in every_row if r.get("status", "ok") == "ok"]
+    timeouts = defaultdict(int)  # keyed by method: a timed-out row records no features
+    for r in every_row:
         if r.get("status") == "timeout":
             timeouts[(r["dataset"], r["method"])] += 1
     paper = load_paper(args.paper)
+    column_of = _column_of(rows)
     rmse, seconds, memory, models = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(set)
     converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
     for r in rows:
-        key = (r["dataset"], r["method"])
+        key = (r["dataset"], column_of(r))
         rmse[key].append(float(r["rmse"]))
         seconds[key].append(float(r["train_seconds"]))
         memory[key].append(float(r["peak_rss_mb"]))
@@ -313,14 +342,18 @@ def report(args: argparse.Namespace) -> str:
         if r.get("converged"):
             converged[key].append(r["converged"] == "True")
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    methods = [m for m in METHODS if any((ds, m) in rmse for ds in datasets)]
-    paper_methods = [m for m in methods if m in PAPER_COLUMNS]
+    methods = sorted({column for _, column in rmse}, key=_column_order)
+    paper_methods = [m for m in METHODS if m in PAPER_COLUMNS and any(_method_of(c) == m for c in methods)]
+    sizes = sorted({int(r["num_features"]) for r in rows if (r.get("num_features") or "0") != "0"})
     lines = [f"Command: `{args.command}`" if args.command else "", "",
              "Test RMSE, mean ± std over splits (number of splits in brackets when fewer than 10), and under it "
              "the mean training seconds · peak resident MB of one cell's process (and, where recorded, how many "
              "fits converged before max_iter). **Bold**: the best mean of the "
              "row, ours or the paper's (À la carte Table 1). `exact-*` run as Fastfood expansions at n ≥ 2000 "
-             "(marked ff), as in the paper.", ""]
+             "(marked ff), as in the paper."
+             + (f" Feature methods use D = {' and '.join(map(str, sizes))} features"
+                + (" (in the column's name where a method ran at several)." if len(sizes) > 1 else ".")
+                if sizes else ""), ""]
     versions = defaultdict(int)
     for r in rows:
         versions[r.get("version") or "unknown"] += 1
@@ -333,7 +366,7 @@ def report(args: argparse.Namespace) -> str:
     wins, normalised = defaultdict(int), defaultdict(list)
     for ds in datasets:
         ours = {m: float(np.mean(rmse[(ds, m)])) for m in methods if rmse[(ds, m)]}
-        theirs = {m: paper[(ds, PAPER_COLUMNS[m])][0] for m in paper_methods if (ds, PAPER_COLUMNS[m]) in paper}
+        theirs = {m: paper[(ds, PAPER_COLUMNS[m])].mean for m in paper_methods if (ds, PAPER_COLUMNS[m]) in paper}
         best = min([*ours.values(), *theirs.values()])
         best_ours = min(ours.values())
         wins[min(ours, key=ours.get)] += 1
@@ -343,7 +376,7 @@ def report(args: argparse.Namespace) -> str:
         for m in methods:
             v = rmse[(ds, m)]
             if not v:
-                cells.append("timeout" if timeouts[(ds, m)] else "—")
+                cells.append("timeout" if timeouts[(ds, _method_of(m))] else "—")
                 continue
             text = _fmt(np.mean(v), np.std(v)) + (f" [{len(v)}]" if len(v) < 10 else "")
             text = f"**{text}**" if ours[m] == best else text
@@ -354,7 +387,8 @@ def report(args: argparse.Namespace) -> str:
                          f"{np.mean(memory[(ds, m)]):.0f} MB{fits}</sub>")
         for m in paper_methods:
             p = paper.get((ds, PAPER_COLUMNS[m]))
-            cells.append("—" if p is None else (f"**{_fmt(*p)}**" if p[0] == best else _fmt(*p)))
+            cells.append("—" if p is None else (f"**{_fmt(p.mean, p.std)}**" if p.mean == best
+                                                 else _fmt(p.mean, p.std)))
         n_train = next(r["n_train"] for r in rows if r["dataset"] == ds)
         lines.append(f"| {ds} | {n_train} | " + " | ".join(cells) + " |")
     lines.append("| **datasets won** (ours) | | " + " | ".join(str(wins[m]) for m in methods) + " | "
@@ -362,37 +396,45 @@ def report(args: argparse.Namespace) -> str:
     lines.append("| **mean normalised RMSE** (ours, 1 = best of ours) | | "
                  + " | ".join(f"{np.mean(normalised[m]):.3f}" if normalised[m] else "—" for m in methods) + " | "
                  + " | ".join("" for _ in paper_methods) + " |")
-    lines += _goals(datasets, rmse, paper, paper_methods)
-    lines += _same_method_ratios(datasets, rmse, paper, paper_methods)
+    lines += _goals(datasets, methods, rmse, paper)
+    lines += _same_method_ratios(datasets, methods, rmse, paper)
     text = "\n".join(lines) + "\n"
     if args.out:
         Path(args.out).write_text(text)
     return text
 
 
-def _goals(datasets, rmse, paper, paper_methods) -> list[str]:
+def _goals(datasets, methods, rmse, paper) -> list[str]:
     """Issue goals: our best À la carte kernel vs the best of the paper's row; exact ARD vs the paper's ARD."""
     lines = ["", "Our best À la carte kernel (FSARD, FSGBARD, GM, PWL) against the best value in the paper's row, "
-             "and our ARD against the paper's ARD (ratios of mean RMSE; ≤ 1 is as good or better):", "",
-             "| dataset | best ours (method) | best paper (method) | ratio | our ARD / paper ARD |", "|---|---|---|---|---|"]
-    beaten = within = counted = 0
+             "and our ARD against the paper's ARD (ratios of mean RMSE; ≤ 1 is as good or better). The paper "
+             "prints each mean to a few decimals, so its 0.47 stands for a mean in [0.465, 0.475): the fifth "
+             "column compares ours rounded to the decimals the paper prints.", "",
+             "| dataset | best ours (method) | best paper (method) | ratio | at the paper's decimals "
+             "| our ARD / paper ARD |", "|---|---|---|---|---|---|"]
+    beaten = within = printed = counted = 0
+    alacarte = [m for m in methods if _method_of(m) in ALACARTE_METHODS]
     for ds in datasets:
-        ours = {m: float(np.mean(rmse[(ds, m)])) for m in ALACARTE_METHODS if rmse[(ds, m)]}
-        theirs = {PAPER_COLUMNS[m]: paper[(ds, PAPER_COLUMNS[m])][0] for m in PAPER_COLUMNS
+        ours = {m: float(np.mean(rmse[(ds, m)])) for m in alacarte if rmse[(ds, m)]}
+        theirs = {PAPER_COLUMNS[m]: paper[(ds, PAPER_COLUMNS[m])] for m in PAPER_COLUMNS
                   if (ds, PAPER_COLUMNS[m]) in paper}
         if not ours or not theirs:
             continue
-        m_ours, m_paper = min(ours, key=ours.get), min(theirs, key=theirs.get)
-        as_good, near, ratio_text = _versus_paper(ours[m_ours], theirs[m_paper])
-        beaten += as_good
-        within += near
+        m_ours, m_paper = min(ours, key=ours.get), min(theirs, key=lambda m: theirs[m].mean)
+        verdict = _versus_paper(ours[m_ours], theirs[m_paper])
+        beaten += verdict.as_good
+        within += verdict.near
+        printed += verdict.as_printed
         counted += 1
         ard = rmse[(ds, "exact-ard")]
-        ard_ratio = f"{np.mean(ard) / paper[(ds, 'ARD')][0]:.2f}" if ard and (ds, "ARD") in paper else "—"
-        lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper]:.3g} ({m_paper}) | "
-                     f"{ratio_text} | {ard_ratio} |")
+        ard_ratio = f"{np.mean(ard) / paper[(ds, 'ARD')].mean:.2f}" if ard and (ds, "ARD") in paper else "—"
+        digits = theirs[m_paper].decimals
+        lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper].mean:.3g} ({m_paper}) | "
+                     f"{verdict.ratio} | {ours[m_ours]:.{digits}f} {'≤' if verdict.as_printed else '>'} "
+                     f"{theirs[m_paper].mean:.{digits}f} | {ard_ratio} |")
     lines += ["", f"Best À la carte kernel ≤ the paper's best on {beaten} of {counted} datasets; "
-                  f"within 10% on {within} of {counted}."]
+                  f"within 10% on {within} of {counted}. Rounded to the decimals the paper prints, "
+                  f"≤ on {printed} of {counted}."]
     paper_datasets = list(dict.fromkeys(ds for ds, _ in paper))
     not_run = [ds for ds in paper_datasets if ds not in datasets]
     if not_run:
@@ -401,20 +443,27 @@ def _goals(datasets, rmse, paper, paper_methods) -> list[str]:
     return lines
 
 
-def _versus_paper(ours: float, theirs: float) -> tuple[bool, bool, str]:
-    """(ours ≤ theirs, ours within 10% of theirs, the ratio as the table prints it)."""
-    if theirs > 0:
-        ratio = ours / theirs
-        return ratio <= 1, ratio <= 1.1, f"{ratio:.2f}"
-    # The paper prints two decimals, so its 0.00 is some value below 0.005: no ratio exists;
-    # ours matches it only if it too prints as 0.00.
-    matched = ours < PRINTED_ZERO
-    return matched, matched, f"{'≤' if matched else '>'} (paper printed 0.00)"
+class Verdict(NamedTuple):
+    as_good: bool  # ours ≤ theirs
+    near: bool  # ours within 10% of theirs
+    as_printed: bool  # ours, rounded to the digits the paper prints, ≤ theirs
+    ratio: str  # as the table prints it
 
 
-def _same_method_ratios(datasets, rmse, paper, paper_methods) -> list[str]:
+def _versus_paper(ours: float, theirs: PaperValue) -> Verdict:
+    as_printed = float(f"{ours:.{theirs.decimals}f}") <= theirs.mean
+    if theirs.mean > 0:
+        ratio = ours / theirs.mean
+        return Verdict(ratio <= 1, ratio <= 1.1, as_printed, f"{ratio:.2f}")
+    # A printed 0.00 is some value below 0.005: no ratio exists; ours matches it only if it
+    # too prints as 0.00.
+    return Verdict(as_printed, as_printed, as_printed, f"{'≤' if as_printed else '>'} (paper printed 0.00)")
+
+
+def _same_method_ratios(datasets, columns, rmse, paper) -> list[str]:
     """Each method against the paper's value for the same method (ours / paper, mean RMSE)."""
-    methods = [m for m in paper_methods if any(rmse[(ds, m)] and (ds, PAPER_COLUMNS[m]) in paper for ds in datasets)]
+    methods = [m for m in columns if _method_of(m) in PAPER_COLUMNS
+               and any(rmse[(ds, m)] and (ds, PAPER_COLUMNS[_method_of(m)]) in paper for ds in datasets)]
     if not methods:
         return []
     lines = ["", "Each method against the paper's value for the same method (ratio of mean RMSE; ≤ 1.05 is "
@@ -424,20 +473,22 @@ def _same_method_ratios(datasets, rmse, paper, paper_methods) -> list[str]:
     for ds in datasets:
         cells = []
         for m in methods:
-            ours, theirs = rmse[(ds, m)], paper.get((ds, PAPER_COLUMNS[m]))
+            ours, theirs = rmse[(ds, m)], paper.get((ds, PAPER_COLUMNS[_method_of(m)]))
             if not ours or theirs is None:
                 cells.append("—")
                 continue
             mean = float(np.mean(ours))
-            if theirs[0] > 0:
-                within[m] += mean / theirs[0] <= 1.05
-                text = f"{mean / theirs[0]:.2f}"
+            if theirs.mean > 0:
+                within[m] += mean / theirs.mean <= 1.05
+                text = f"{mean / theirs.mean:.2f}"
             else:  # printed as 0.00: compared at the paper's precision, as in the goal table
-                matched, _, text = _versus_paper(mean, theirs[0])
-                within[m] += matched
+                verdict = _versus_paper(mean, theirs)
+                within[m] += verdict.as_good
+                text = verdict.ratio
             cells.append(text + (f" [{len(ours)}]" if len(ours) < 10 else ""))
         lines.append(f"| {ds} | " + " | ".join(cells) + " |")
-    compared = {m: sum(bool(rmse[(ds, m)]) and (ds, PAPER_COLUMNS[m]) in paper for ds in datasets) for m in methods}
+    compared = {m: sum(bool(rmse[(ds, m)]) and (ds, PAPER_COLUMNS[_method_of(m)]) in paper for ds in datasets)
+                for m in methods}
     lines.append("| **within 5%** | " + " | ".join(f"{within[m]} of {compared[m]}" for m in methods) + " |")
     return lines
 
@@ -465,7 +516,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar; one line per cell")
     r.set_defaults(bench=run)
     p = sub.add_parser("report", help="markdown table of a results CSV beside the paper's Table 1")
-    p.add_argument("--csv", required=True)
+    p.add_argument("--csv", nargs="+", required=True,
+                   help="results files; a method found at several D gets a column per D")
     p.add_argument("--paper", default=str(DEFAULT_PAPER_TABLE), help="the paper's table as CSV")
     p.add_argument("--out", default=None)
     p.add_argument("--command", default=None, help="the run command to quote in the report")
