@@ -157,6 +157,21 @@ def test_a_report_of_two_protocols_gives_each_feature_count_its_column(tmp_path)
     assert "| wine | 0.96 [2] | 0.85 [2] | 1.08 [2] |" in text  # against the paper's GM 0.53, PWL 0.48
 
 
+def test_exact_gps_keep_one_column_when_they_ran_as_fastfood_on_the_larger_datasets(tmp_path):
+    """``exact-ard`` has no features below n = 2000 and D features above (a Fastfood expansion):
+    one protocol, so one column, and the goal table still finds our ARD."""
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    _result(path, "wine", 0, "exact-ard", 0.50, num_features=0)
+    _result(path, "gas", 0, "exact-ard", 0.13, num_features=1024)
+    _result(path, "wine", 0, "gm", 0.48)
+    assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "| dataset | n train | exact-ard | gm | ARD (paper) | GM (paper) |" in text
+    assert "| wine | 0.48 (gm) | 0.47 (ARD) | 1.02 | 0.48 > 0.47 | 1.06 |" in text
+
+
 def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp_path):
     """A CSV written before ``iterations``/``converged`` existed is upgraded in place (old rows
     blank there) before the runner appends; a foreign file is refused, never appended to."""
