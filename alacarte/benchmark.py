@@ -422,6 +422,7 @@ def _goals(datasets, methods, rmse, paper) -> list[str]:
              "| dataset | best ours (method) | best paper (method) | ratio | at the paper's decimals "
              "| our ARD / paper ARD |", "|---|---|---|---|---|---|"]
     beaten = within = printed = counted = 0
+    ard_ratios = {}
     alacarte = [m for m in methods if m.method in ALACARTE_METHODS]
     for ds in datasets:
         ours = {m: float(np.mean(rmse[(ds, m)])) for m in alacarte if rmse[(ds, m)]}
@@ -437,7 +438,9 @@ def _goals(datasets, methods, rmse, paper) -> list[str]:
         counted += 1
         ard = min((rmse[(ds, m)] for m in methods if m.method == "exact-ard" and rmse[(ds, m)]),
                   key=np.mean, default=[])
-        ard_ratio = f"{np.mean(ard) / paper[(ds, 'ARD')].mean:.2f}" if ard and (ds, "ARD") in paper else "—"
+        if ard and (ds, "ARD") in paper:
+            ard_ratios[ds] = float(np.mean(ard)) / paper[(ds, "ARD")].mean
+        ard_ratio = f"{ard_ratios[ds]:.2f}" if ds in ard_ratios else "—"
         digits = theirs[m_paper].decimals
         lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper].mean:.3g} ({m_paper}) | "
                      f"{verdict.ratio} | {ours[m_ours]:.{digits}f} {'≤' if verdict.as_printed else '>'} "
@@ -445,6 +448,11 @@ def _goals(datasets, methods, rmse, paper) -> list[str]:
     lines += ["", f"Best À la carte kernel ≤ the paper's best on {beaten} of {counted} datasets; "
                   f"within 10% on {within} of {counted}. Rounded to the decimals the paper prints, "
                   f"≤ on {printed} of {counted}."]
+    if ard_ratios:
+        # Listed to three decimals: 1.104 prints as 1.10 in the table but is not within 10%.
+        outside = [f"{ds} {ratio:.3f}" for ds, ratio in ard_ratios.items() if ratio > 1.1]
+        lines[-1] += (f" Our ARD within 10% of the paper's ARD on {len(ard_ratios) - len(outside)} of "
+                      f"{len(ard_ratios)}" + (f" (outside: {', '.join(outside)})." if outside else "."))
     paper_datasets = list(dict.fromkeys(ds for ds, _ in paper))
     not_run = [ds for ds in paper_datasets if ds not in datasets]
     if not_run:
