@@ -25,7 +25,9 @@ import multiprocessing as mp
 import os
 import queue
 import resource
+import signal
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -239,8 +241,31 @@ def run(args: argparse.Namespace) -> int:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     pending, running = list(enumerate(cells))[::-1], {}
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:  # `kill <runner>` must stop its workers too (see the finally below)
+        previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        failures = _run_cells(args, cfg, ctx, pending, running, results, len(cells))
+    finally:
+        # A stopped runner takes its workers with it: an orphan would fit on for minutes or hours,
+        # its result lost (rows are written by the runner), beside the resumed run's cells.
+        for proc, *_ in running.values():
+            proc.kill()
+            proc.join()
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_handler)
+    return 1 if failures else 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_cells(args, cfg, ctx, pending: list, running: dict, results, total: int) -> int:
+    """Keep ``args.workers`` cell processes busy until ``pending`` is empty; returns the failures.
+    ``running`` is the caller's, so that it can stop what is still running if this is interrupted."""
     failures = 0
-    with tqdm(total=len(cells), disable=args.quiet, desc="cells", unit="cell") as bar:
+    with tqdm(total=total, disable=args.quiet, desc="cells", unit="cell") as bar:
         while pending or running:
             while pending and len(running) < args.workers:
                 index, cell = pending.pop()
@@ -266,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
                     del running[index]
                     failures += _record(args, {"error": f"{dataset} split {split} {method}: worker died "
                                                         f"with exit code {proc.exitcode}"}, bar)
-    return 1 if failures else 0
+    return failures
 
 
 def _record(args, row: dict, bar) -> int:

@@ -55,6 +55,57 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
     assert "1 cells done, 0 to run" in run(path, *one_cell)
 
 
+def _workers_of(pid: int) -> list[int]:
+    """The cell processes (multiprocessing spawn children) of process ``pid``, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_a_terminated_runner_stops_its_workers(tmp_path):
+    """``kill <runner>`` (SIGTERM) must not leave cell processes running: an orphan would fit on for
+    minutes or hours beside a resumed run, its result lost."""
+    import signal
+    import time
+
+    path = tmp_path / "killed.csv"
+    cmd = [sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "run", "--datasets", "airfoil",
+           "--methods", "gm", "--splits", "0-1", "--num-samples", "2048", "--workers", "2",
+           "--data", str(SHARED), "--csv", str(path), "-q"]  # two cells of minutes each
+    runner = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers := _workers_of(runner.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(workers) == 2, "the runner never started its two workers"
+        time.sleep(1.0)
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        runner.kill()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(map(_alive, workers)), "workers outlived their runner"
+    assert not path.exists() or "airfoil" not in path.read_text()  # no cell finished; nothing recorded
+
+
 def test_alacarte_bench_command(tmp_path, capsys):
     from alacarte.benchmark import FIELDS, append_row
     from alacarte.cli import main
