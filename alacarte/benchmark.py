@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     if in_main_thread:  # `kill <runner>` must stop its workers too (see the finally below)
         previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        failures = _run_cells(args, cfg, ctx, pending, running, results, len(cells))
+        failures = _run_cells(args, cfg, ctx, pending, running, results)
     finally:
         # A stopped runner takes its workers with it: an orphan would fit on for minutes or hours,
         # its result lost (rows are written by the runner), beside the resumed run's cells.
@@ -261,11 +261,11 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _run_cells(args, cfg, ctx, pending: list, running: dict, results, total: int) -> int:
+def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
     """Keep ``args.workers`` cell processes busy until ``pending`` is empty; returns the failures.
     ``running`` is the caller's, so that it can stop what is still running if this is interrupted."""
     failures = 0
-    with tqdm(total=total, disable=args.quiet, desc="cells", unit="cell") as bar:
+    with tqdm(total=len(pending), disable=args.quiet, desc="cells", unit="cell") as bar:
         while pending or running:
             while pending and len(running) < args.workers:
                 index, cell = pending.pop()
@@ -340,17 +340,22 @@ class Column(NamedTuple):
         return METHODS.index(self.method), self.features or 0
 
 
+def _features(row: dict) -> int:
+    """The row's number of features D; 0 for an exact GP (blank in older rows)."""
+    return int(row.get("num_features") or 0)
+
+
 def _column_of(rows: list[dict]):
     """A function giving each row its report column: results files of several protocols in one
     report give a method found at several D one column per D (``gm D=4096``).  Exact GPs (no
     features) never split a column."""
     sizes = defaultdict(set)
     for r in rows:
-        if int(r.get("num_features") or 0):
-            sizes[r["method"]].add(int(r["num_features"]))
+        if _features(r):
+            sizes[r["method"]].add(_features(r))
 
     def column(r: dict) -> Column:
-        features = int(r.get("num_features") or 0)
+        features = _features(r)
         return Column(r["method"], features if len(sizes[r["method"]]) > 1 and features else None)
     return column
 
@@ -377,7 +382,7 @@ def report(args: argparse.Namespace) -> str:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = sorted({column for _, column in rmse}, key=Column.order)
     paper_methods = [m for m in METHODS if m in PAPER_COLUMNS and any(c.method == m for c in methods)]
-    sizes = sorted({int(r["num_features"]) for r in rows if (r.get("num_features") or "0") != "0"})
+    sizes = sorted({_features(r) for r in rows} - {0})
     lines = [f"Command: `{args.command}`" if args.command else "", "",
              "Test RMSE, mean ± std over splits (number of splits in brackets when fewer than 10), and under it "
              "the mean training seconds · peak resident MB of one cell's process (and, where recorded, how many "

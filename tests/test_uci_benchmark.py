@@ -55,26 +55,32 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
     assert "1 cells done, 0 to run" in run(path, *one_cell)
 
 
+def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
+    """A process's state letter and parent pid from /proc (None once it is gone)."""
+    try:
+        state, parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        return None
+    return state, int(parent)
+
+
 def _workers_of(pid: int) -> list[int]:
     """The cell processes (multiprocessing spawn children) of process ``pid``, from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, ValueError):
+        if (stat := _state_and_parent(entry.name)) is None or stat[1] != pid:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid and b"spawn_main" in cmdline:
-            found.append(int(entry.name))
+        try:
+            if b"spawn_main" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
     return found
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    stat = _state_and_parent(pid)
+    return stat is not None and stat[0] != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
