@@ -435,7 +435,7 @@ def report(args: argparse.Namespace) -> str:
     lines.append("| **mean normalised RMSE** (ours, 1 = best of ours) | | "
                  + " | ".join(f"{np.mean(normalised[m]):.3f}" if normalised[m] else "—" for m in methods) + " | "
                  + " | ".join("" for _ in paper_methods) + " |")
-    lines += _goals(datasets, methods, rmse, paper)
+    lines += _goals(datasets, methods, rmse, models, paper)
     lines += _same_method_ratios(datasets, methods, rmse, paper)
     text = "\n".join(lines) + "\n"
     if args.out:
@@ -443,8 +443,10 @@ def report(args: argparse.Namespace) -> str:
     return text
 
 
-def _goals(datasets, methods, rmse, paper) -> list[str]:
-    """Issue goals: our best À la carte kernel vs the best of the paper's row; exact ARD vs the paper's ARD."""
+def _goals(datasets, methods, rmse, models, paper) -> list[str]:
+    """Issue goals: our best À la carte kernel vs the best of the paper's row; exact ARD vs the paper's
+    ARD on the small datasets (above n = 2000 our ARD is a Fastfood expansion, as the paper's: shown,
+    marked ff, and counted apart)."""
     lines = ["", "Our best À la carte kernel (FSARD, FSGBARD, GM, PWL) against the best value in the paper's row, "
              "and our ARD against the paper's ARD (ratios of mean RMSE; ≤ 1 is as good or better). The paper "
              "prints each mean to a few decimals, so its 0.47 stands for a mean in [0.465, 0.475): the fifth "
@@ -452,7 +454,7 @@ def _goals(datasets, methods, rmse, paper) -> list[str]:
              "| dataset | best ours (method) | best paper (method) | ratio | at the paper's decimals "
              "| our ARD / paper ARD |", "|---|---|---|---|---|---|"]
     beaten = within = printed = counted = 0
-    ard_ratios = {}
+    ard_ratios, fastfood_ard = {}, set()
     alacarte = [m for m in methods if m.method in ALACARTE_METHODS]
     for ds in datasets:
         ours = {m: float(np.mean(rmse[(ds, m)])) for m in alacarte if rmse[(ds, m)]}
@@ -466,11 +468,13 @@ def _goals(datasets, methods, rmse, paper) -> list[str]:
         within += verdict.near
         printed += verdict.as_printed
         counted += 1
-        ard = min((rmse[(ds, m)] for m in methods if m.method == "exact-ard" and rmse[(ds, m)]),
-                  key=np.mean, default=[])
-        if ard and (ds, "ARD") in paper:
-            ard_ratios[ds] = float(np.mean(ard)) / paper[(ds, "ARD")].mean
-        ard_ratio = f"{ard_ratios[ds]:.2f}" if ds in ard_ratios else "—"
+        ard = min((m for m in methods if m.method == "exact-ard" and rmse[(ds, m)]),
+                  key=lambda m: np.mean(rmse[(ds, m)]), default=None)
+        if ard is not None and (ds, "ARD") in paper:
+            ard_ratios[ds] = float(np.mean(rmse[(ds, ard)])) / paper[(ds, "ARD")].mean
+            if any(k.startswith("fastfood") for k in models[(ds, ard)]):
+                fastfood_ard.add(ds)
+        ard_ratio = (f"{ard_ratios[ds]:.2f}" + (" ff" if ds in fastfood_ard else "")) if ds in ard_ratios else "—"
         digits = theirs[m_paper].decimals
         lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper].mean:.3g} ({m_paper}) | "
                      f"{verdict.ratio} | {ours[m_ours]:.{digits}f} {'≤' if verdict.as_printed else '>'} "
@@ -478,11 +482,14 @@ def _goals(datasets, methods, rmse, paper) -> list[str]:
     lines += ["", f"Best À la carte kernel ≤ the paper's best on {beaten} of {counted} datasets; "
                   f"within 10% on {within} of {counted}. Rounded to the decimals the paper prints, "
                   f"≤ on {printed} of {counted}."]
-    if ard_ratios:
+    for fastfood, kind in ((False, "exact ARD"), (True, "Fastfood ARD (n ≥ 2000, marked ff)")):
+        ratios = {ds: ratio for ds, ratio in ard_ratios.items() if (ds in fastfood_ard) == fastfood}
+        if not ratios:
+            continue
         # Listed to three decimals: 1.104 prints as 1.10 in the table but is not within 10%.
-        outside = [f"{ds} {ratio:.3f}" for ds, ratio in ard_ratios.items() if ratio > 1.1]
-        lines[-1] += (f" Our ARD within 10% of the paper's ARD on {len(ard_ratios) - len(outside)} of "
-                      f"{len(ard_ratios)}" + (f" (outside: {', '.join(outside)})." if outside else "."))
+        outside = [f"{ds} {ratio:.3f}" for ds, ratio in ratios.items() if ratio > 1.1]
+        lines[-1] += (f" Our {kind} within 10% of the paper's ARD on {len(ratios) - len(outside)} of "
+                      f"{len(ratios)}" + (f" (outside: {', '.join(outside)})." if outside else "."))
     paper_datasets = list(dict.fromkeys(ds for ds, _ in paper))
     not_run = [ds for ds in paper_datasets if ds not in datasets]
     if not_run:
