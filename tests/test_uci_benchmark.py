@@ -171,12 +171,12 @@ def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ou
     assert "Not run, so in neither count: 28 of the paper's 29 datasets (challenger, fertility," in text
 
 
-def _result(path, dataset, split, method, rmse, num_features=1024, model=None):
+def _result(path, dataset, split, method, rmse, num_features=1024, model=None, max_iter=100):
     from alacarte.benchmark import append_row
 
     append_row(path, {"dataset": dataset, "split": split, "method": method, "model": model or method, "status": "ok",
                       "rmse": rmse, "nlpd": 0.0, "train_seconds": 3.0, "peak_rss_mb": 300.0, "n_train": 1439,
-                      "d": 11, "num_features": num_features, "components": 4, "restarts": 5, "max_iter": 100,
+                      "d": 11, "num_features": num_features, "components": 4, "restarts": 5, "max_iter": max_iter,
                       "seed": split, "version": "0"})
 
 
@@ -214,6 +214,24 @@ def test_a_report_of_two_protocols_gives_each_feature_count_its_column(tmp_path)
     assert "| wine | 0.96 [2] | 0.85 [2] | 1.08 [2] |" in text  # against the paper's GM 0.53, PWL 0.48
 
 
+def test_a_longer_training_run_gets_its_own_column_and_is_not_averaged_with_the_shorter(tmp_path):
+    """The same method and D trained for 100 and for 300 iterations are two protocols: averaging
+    their rows would report a mean that neither produced."""
+    from alacarte.cli import main
+
+    short, long = tmp_path / "it100.csv", tmp_path / "it300.csv"
+    for split, (a, b) in enumerate([(0.50, 0.46), (0.52, 0.44)]):
+        _result(short, "wine", split, "gm", a, num_features=4096)
+        _result(short, "wine", split, "pwl", a + 0.01)
+        _result(long, "wine", split, "gm", b, num_features=4096, max_iter=300)
+    assert main(["bench", "report", "--csv", str(short), str(long), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert ("| dataset | n train | gm max_iter=100 | gm max_iter=300 | pwl | GM (paper) | PWL (paper) |"
+            in text)
+    assert "| wine | 0.45 (gm max_iter=300) | 0.47 (ARD) | 0.96 | 0.45 ≤ 0.47 | — |" in text
+    assert "| wine | 0.96 [2] | 0.85 [2] | 1.08 [2] |" in text
+
+
 def test_exact_gps_keep_one_column_when_they_ran_as_fastfood_on_the_larger_datasets(tmp_path):
     """``exact-ard`` has no features below n = 2000 and D features above (a Fastfood expansion):
     one protocol, so one column, and the goal table still finds our ARD — counted against the
@@ -230,6 +248,10 @@ def test_exact_gps_keep_one_column_when_they_ran_as_fastfood_on_the_larger_datas
     assert "| dataset | n train | exact-ard | gm | ARD (paper) | GM (paper) |" in text
     assert "| wine | 0.48 (gm) | 0.47 (ARD) | 1.02 | 0.48 > 0.47 | 1.10 |" in text
     assert "| gas | 0.15 (gm) | 0.12 (ARD) | 1.25 | 0.15 > 0.12 | 1.08 ff |" in text
+    # The same-method table marks and counts the Fastfood fit apart too (paper's GM: wine 0.53, gas 0.14).
+    assert "| wine | 1.10 [1] | 0.91 [1] |" in text
+    assert "| gas | 1.08 [1] ff | 1.07 [1] |" in text
+    assert "| **within 5%** | 0 of 1, ff: 0 of 1 | 1 of 2 |" in text
     # 0.519 / 0.47 = 1.104 prints as 1.10 in the table: the count says it is outside 10%.
     assert ("Our exact ARD within 10% of the paper's ARD on 0 of 1 (outside: wine 1.104). "
             "Our Fastfood ARD (n ≥ 2000, marked ff) within 10% of the paper's ARD on 1 of 1.") in text
