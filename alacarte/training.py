@@ -312,6 +312,34 @@ def fit(
             stacklevel=2,
         )
     model.eval()
+    _warn_if_noise_at_lower_bound(model, None if streamed else x)
     if streamed:
         model.cache_posterior(data)
     return history
+
+
+def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
+    """Warn when σ² ended at its constraint's lower bound.
+
+    There the fit interpolates the training targets.  On real data that is
+    rarely the best model even when it has the best marginal likelihood:
+    repeated rows are the usual cause (the likelihood takes copies for
+    independent observations that agree, so σ² → 0 pays); docs/benchmarks.md
+    shows it on UCI wine.
+    """
+    bound = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
+    noise = float(model.likelihood.noise.detach().min())
+    if bound <= 0 or noise > 2 * bound:
+        return
+    repeated = ""
+    if x is not None and x.dim() == 2:
+        copies = x.shape[0] - torch.unique(x, dim=0).shape[0]
+        if copies:
+            repeated = f" The training inputs repeat {copies} rows; repeated rows are the usual cause."
+    warnings.warn(
+        f"the noise variance ended at its lower bound ({noise:.3g} ≤ 2×{bound:.1e} in standardised units): the "
+        f"model interpolates its training targets, which generalises worse unless they are noise-free.{repeated} "
+        "Drop repeated rows, or raise the bound: GaussianLikelihood(noise_constraint=GreaterThan(...)).",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -314,6 +314,22 @@ def test_jitter_escalation_warns_and_recovers():
 
 
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
+def test_a_fit_that_ends_with_the_noise_at_its_lower_bound_warns_and_counts_repeated_rows(make):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 3, generator=gen, dtype=torch.float64)
+    x = torch.cat([x, x[:7]])  # seven rows twice, their targets equal: σ² → 0 pays
+    y = torch.sin(3 * x[:, 0]) + x[:, 1]  # and noise-free
+    with pytest.warns(RuntimeWarning, match="lower bound .* repeat 7 rows"):
+        fit(make(), x, y, max_iter=50, restarts=0, progress=False)
+    noisy = y + 0.3 * torch.randn(len(y), generator=gen, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = make()
+        fit(model, x, noisy, max_iter=50, restarts=0, progress=False)
+    assert model.likelihood.noise.item() > 1e-2  # the first fit's warning was about its noise, not the data
+
+
+@pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 def test_state_dict_reload_gives_bit_identical_predictions(make, tmp_path):
     x, y = toy_data(n=80)
     model = make()
