@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import alacarte as ac  # noqa: E402
 from alacarte.benchmark import package_version, parse_splits  # noqa: E402
+from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 
 SUBJECT, AGE, TEST_TIME = 0, 1, 3
 VOICE = slice(4, None)
@@ -59,17 +60,6 @@ def _done(path: Path) -> set[tuple]:
         return set()
     with open(path, newline="") as fh:
         return {(int(r["split"]), r["method"], r["max_iter"]) for r in csv.DictReader(fh)}
-
-
-def _append(path: Path, row: dict) -> None:
-    new = not path.exists() or path.stat().st_size == 0
-    with open(path, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _fsard_row(data, split: int, num_samples: int, max_iter: int) -> dict:
@@ -134,14 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         if (split, "interpolation", "") not in done:
             pred = interpolate_within_subject(data.x_train, data.y_train, data.x_test)
             rmse = float(np.sqrt(np.mean((pred - data.y_test) ** 2)))
-            _append(args.csv, {"split": split, "method": "interpolation", "rmse": f"{rmse:.2g}", "version": version})
+            append_row(args.csv, FIELDS,
+                       {"split": split, "method": "interpolation", "rmse": f"{rmse:.2g}", "version": version})
             print(f"split {split} interpolation: RMSE {rmse:.2g}", flush=True)
         for budget in args.budgets:
             if (split, "fsard", str(budget)) in done:
                 continue
             row = _fsard_row(data, split, args.num_samples, budget)
-            _append(args.csv, {"split": split, "method": "fsard", "max_iter": budget,
-                               "num_samples": args.num_samples, "version": version, **row})
+            append_row(args.csv, FIELDS, {"split": split, "method": "fsard", "max_iter": budget,
+                                          "num_samples": args.num_samples, "version": version, **row})
             print(f"split {split} FSARD max_iter {budget}: {row}", flush=True)
     command = "python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
     args.out.write_text(render(args.csv, command))

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import alacarte  # noqa: E402
 from alacarte.datasets import make_se1, make_se2, make_se3, rosasco_split  # noqa: E402
 from alacarte.selection import DerivativeSelector, RFFNetRegressor  # noqa: E402
+from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSV_PATH = os.path.join(HERE, "results", "selection_rffnet.csv")
@@ -57,17 +58,6 @@ def done_keys() -> set[tuple[str, int, str, int]]:
         return set()
     with open(CSV_PATH) as fh:
         return {(r["problem"], int(r["n"]), r["method"], int(r["replication"])) for r in csv.DictReader(fh)}
-
-
-def append(row: dict) -> None:
-    new = not os.path.exists(CSV_PATH)
-    with open(CSV_PATH, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def row(problem, n, method, rep, rmse, selected, relevance, seconds, seed) -> dict:
@@ -115,7 +105,7 @@ def run_se(replications: int, problems: list[str] | None, sizes: set[int] | None
             seconds = time.perf_counter() - start
             model = best[1]
             test_rmse = rmse(model.predict(xs), ys)
-            append(row(problem, n, "rffnet", rep, test_rmse, model.selected_, model.relevance_, seconds, seed))
+            append_row(CSV_PATH, COLUMNS, row(problem, n, "rffnet", rep, test_rmse, model.selected_, model.relevance_, seconds, seed))
             print(f"{problem} n={n} rep={rep} rmse={test_rmse:.4f} selected={model.selected_.tolist()} "
                   f"lr={model.learning_rate} mu={model.alpha} epochs={model.n_epochs_} {seconds:.1f}s", flush=True)
 
@@ -175,7 +165,7 @@ def run_rosasco(replications: int, problems: list[str] | None) -> None:
                             best_gr = (val, gamma, tau, ps, sel.copy(), model.relevance_.copy())
             seconds = time.perf_counter() - start
             for method, best in (("alg1", best_alg1), ("alg1_gr", best_gr)):
-                append(row(function, 80, method, rep, rmse(best[3], ys), best[4], best[5], seconds, rep))
+                append_row(CSV_PATH, COLUMNS, row(function, 80, method, rep, rmse(best[3], ys), best[4], best[5], seconds, rep))
                 print(f"{function} rep={rep} {method} test mse={rmse(best[3], ys) ** 2:.4g} "
                       f"(var {ys.var():.4g}) selected={best[4].tolist()} gamma={best[1]} tau={best[2]:.3g} "
                       f"(standardised inputs)", flush=True)
@@ -188,7 +178,7 @@ def run_rosasco(replications: int, problems: list[str] | None) -> None:
                     val = rmse(kr.predict(xv) + y.mean(), yv)
                     if best is None or val < best[0]:
                         best = (val, kr.predict(xs) + y.mean())
-            append(row(function, 80, "g_ridge", rep, rmse(best[1], ys), range(6), np.ones(6), time.perf_counter() - t0, rep))
+            append_row(CSV_PATH, COLUMNS, row(function, 80, "g_ridge", rep, rmse(best[1], ys), range(6), np.ones(6), time.perf_counter() - t0, rep))
             t0 = time.perf_counter()
             best = None
             for a in np.geomspace(1e-3, 10, 15) * scale:
@@ -197,7 +187,7 @@ def run_rosasco(replications: int, problems: list[str] | None) -> None:
                 if best is None or val < best[0]:
                     best = (val, lasso)
             coef = np.abs(best[1].coef_)
-            append(row(function, 80, "l1", rep, rmse(best[1].predict(xs), ys), np.flatnonzero(coef),
+            append_row(CSV_PATH, COLUMNS, row(function, 80, "l1", rep, rmse(best[1].predict(xs), ys), np.flatnonzero(coef),
                        coef / coef.max() if coef.max() > 0 else coef, time.perf_counter() - t0, rep))
 
 

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import alacarte as ac  # noqa: E402
 from alacarte.benchmark import package_version, parse_splits  # noqa: E402
+from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 
 FIELDS = ["split", "rows", "n_train", "dropped", "rmse", "noise", "loss_per_point", "restart_losses",
           "chosen_restart", "converged", "noise_warning", "train_seconds", "version"]
@@ -50,17 +51,6 @@ def _done(path: Path) -> set[tuple]:
         return set()
     with open(path, newline="") as fh:
         return {(int(r["split"]), r["rows"]) for r in csv.DictReader(fh)}
-
-
-def _append(path: Path, row: dict) -> None:
-    new = not path.exists() or path.stat().st_size == 0
-    with open(path, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _fit_row(data, split: int, keep: np.ndarray) -> dict:
@@ -129,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             if (split, rows) in done:
                 continue
             row = _fit_row(data, split, keep)
-            _append(args.csv, {"split": split, "rows": rows, "version": version, **row})
+            append_row(args.csv, FIELDS, {"split": split, "rows": rows, "version": version, **row})
             print(f"split {split} {rows}: RMSE {row['rmse']}, noise {row['noise']}", flush=True)
     command = "python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
     args.out.write_text(render(args.csv, command))
