@@ -41,7 +41,7 @@ __all__ = ["METHODS", "main", "run", "report"]
 
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
           "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version",
-          "iterations", "converged"]
+          "iterations", "converged", "device", "peak_device_mb"]
 # (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
 METHODS = ("exact-rbf", "exact-ard", "fastfood-rbf", "fastfood-ard", "fsard", "fsgbard", "gm", "pwl", "ssgpr", "rks")
 # (the names of alacarte.factory.KERNEL_NAMES, in the order of the report's columns)
@@ -92,16 +92,20 @@ def _run_cell(cell: tuple) -> dict:
     # scipy's BLAS (syrk/symm of the Gram matrix) has a thread pool of its own.
     threadpool_limits(cfg["threads"])
     torch.set_default_dtype(torch.float64)
+    device = torch.device(cfg["device"])
     data = ac.load_uci(dataset, split, cfg["data"])
     n_train, d = data.x_train.shape
     model_kind = model_name(method, n_train)
     components = mixture_components(cfg["components"], n_train)
-    model = make_model(model_kind, d, num_samples=cfg["num_samples"], num_components=components, seed=split)
+    # Built on the CPU and then moved: the random frequencies are the same on every device.
+    model = make_model(model_kind, d, num_samples=cfg["num_samples"], num_components=components,
+                       seed=split).to(device)
     history = ac.fit(model, data.x_train, data.y_train, max_iter=cfg["max_iter"], restarts=cfg["restarts"],
                      restart_iter=cfg["restart_iter"], seed=split, progress=False)
     pred = model.predict(data.x_test)
-    y = torch.as_tensor(data.y_test)
+    y = torch.as_tensor(data.y_test, device=device)
     var = pred.observed_variance
+    on_gpu = device.type == "cuda"
     return _row(dataset, split, method, cfg, model=model_kind, status="ok",
                 rmse=float((pred.mean - y).pow(2).mean().sqrt()),
                 nlpd=float((0.5 * ((y - pred.mean) ** 2 / var + var.log() + math.log(2 * math.pi))).mean()),
@@ -110,7 +114,9 @@ def _run_cell(cell: tuple) -> dict:
                 peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 n_train=n_train, d=d,
                 num_features=0 if model_kind.startswith("exact") else 2 * cfg["num_samples"],
-                components=components if method in ("gm", "pwl") else "")
+                components=components if method in ("gm", "pwl") else "",
+                device=f"cuda: {torch.cuda.get_device_name(device)}" if on_gpu else device.type,
+                peak_device_mb=round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if on_gpu else "")
 
 
 def package_version() -> str:
@@ -227,11 +233,12 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
     datasets = [canonical_name(ds) for ds in args.datasets]
+    _check_device(args.device)
     upgrade_csv(args.csv)
     done = {(r["dataset"], int(r["split"]), r["method"]) for r in read_rows(args.csv)}
     cfg = {"data": args.data, "num_samples": args.num_samples, "components": args.components,
            "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
-           "threads": args.threads, "version": package_version()}
+           "threads": args.threads, "device": args.device, "version": package_version()}
     cells = [(ds, s, m, cfg) for ds in datasets for s in parse_splits(args.splits) for m in args.methods
              if (ds, s, m) not in done]
     if args.limit is not None:
@@ -255,6 +262,20 @@ def run(args: argparse.Namespace) -> int:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
     return 1 if failures else 0
+
+
+def _check_device(name: str) -> None:
+    """Refuse a device the cells could not use before any cell starts (each would fail alone)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"--device {name!r} is not a torch device ({err})") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda[:index], got {name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name!r}: this torch build or machine has no CUDA device")
 
 
 def _exit_on_sigterm(signum, frame) -> None:
@@ -329,18 +350,19 @@ def _fmt(mean: float, std: float) -> str:
 
 
 class Column(NamedTuple):
-    """A report column: a method, and its number of features D and its max_iter when the rows hold
-    it at several."""
+    """A report column: a method, its number of features D and its max_iter when the rows hold it
+    at several, and ``cuda`` for rows fitted on a GPU (their seconds are not the CPU's)."""
     method: str
     features: int | None = None
     max_iter: int | None = None
+    gpu: bool = False
 
     def __str__(self) -> str:
         return " ".join([self.method, *([f"D={self.features}"] if self.features else []),
-                         *([f"max_iter={self.max_iter}"] if self.max_iter else [])])
+                         *([f"max_iter={self.max_iter}"] if self.max_iter else []), *(["cuda"] if self.gpu else [])])
 
     def order(self) -> tuple:
-        return METHODS.index(self.method), self.features or 0, self.max_iter or 0
+        return METHODS.index(self.method), self.features or 0, self.max_iter or 0, self.gpu
 
 
 def _features(row: dict) -> int:
@@ -361,7 +383,8 @@ def _column_of(rows: list[dict]):
     def column(r: dict) -> Column:
         features = _features(r)
         return Column(r["method"], features if len(sizes[r["method"]]) > 1 and features else None,
-                      int(r["max_iter"]) if len(iterations[r["method"]]) > 1 else None)
+                      int(r["max_iter"]) if len(iterations[r["method"]]) > 1 else None,
+                      (r.get("device") or "cpu").startswith("cuda"))
     return column
 
 
@@ -374,7 +397,7 @@ def report(args: argparse.Namespace) -> str:
             timeouts[(r["dataset"], r["method"])] += 1
     paper = load_paper(args.paper)
     column_of = _column_of(rows)
-    rmse, seconds, memory = defaultdict(list), defaultdict(list), defaultdict(list)
+    rmse, seconds, memory, gpu_memory = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
     ran_as_fastfood = set()  # (dataset, column) keys of exact GPs fitted as Fastfood expansions (n ≥ 2000)
     converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
     for r in rows:
@@ -382,6 +405,8 @@ def report(args: argparse.Namespace) -> str:
         rmse[key].append(float(r["rmse"]))
         seconds[key].append(float(r["train_seconds"]))
         memory[key].append(float(r["peak_rss_mb"]))
+        if r.get("peak_device_mb"):
+            gpu_memory[key].append(float(r["peak_device_mb"]))
         if r["method"].startswith("exact") and (r.get("model") or r["method"]).startswith("fastfood"):
             ran_as_fastfood.add(key)
         if r.get("converged"):
@@ -396,6 +421,8 @@ def report(args: argparse.Namespace) -> str:
              "fits converged before max_iter). **Bold**: the best mean of the "
              "row, ours or the paper's (À la carte Table 1). `exact-*` run as Fastfood expansions at n ≥ 2000 "
              "(marked ff), as in the paper."
+             + (" Columns marked cuda ran on a GPU: GPU seconds, and the peak GPU memory allocated after the "
+                "process's resident MB." if any(m.gpu for m in methods) else "")
              + (f" Feature methods use D = {' and '.join(map(str, sizes))} features"
                 + (" (in the column's name where a method ran at several)." if len(sizes) > 1 else ".")
                 if sizes else ""), ""]
@@ -428,8 +455,9 @@ def report(args: argparse.Namespace) -> str:
             marker = " ff" if (ds, m) in ran_as_fastfood else ""
             ended = converged[(ds, m)]
             fits = f" · {sum(ended)}/{len(ended)} converged" if ended else ""
+            on_gpu = f" · {np.mean(gpu_memory[(ds, m)]):.0f} MB GPU" if gpu_memory[(ds, m)] else ""
             cells.append(f"{text}{marker}<br><sub>{np.mean(seconds[(ds, m)]):.0f} s · "
-                         f"{np.mean(memory[(ds, m)]):.0f} MB{fits}</sub>")
+                         f"{np.mean(memory[(ds, m)]):.0f} MB{on_gpu}{fits}</sub>")
         for m in paper_methods:
             p = paper.get((ds, PAPER_COLUMNS[m]))
             cells.append("—" if p is None else (f"**{_fmt(p.mean, p.std)}**" if p.mean == best
@@ -578,6 +606,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--restart-iter", type=int, default=15)
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    r.add_argument("--device", default="cpu", help="torch device of every cell: cpu, or cuda[:index] (its rows "
+                                                   "get a column of their own in the report)")
     r.add_argument("--time-budget", type=float, default=None, help="seconds per cell before it is stopped")
     r.add_argument("--limit", type=int, default=None, help="run at most this many cells (testing)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar; one line per cell")

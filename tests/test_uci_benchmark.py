@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "uci"
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/uci is no
 TINY = ["--datasets", "servo", "yacht", "--methods", "exact-ard", "fsard", "--splits", "0",
         "--num-samples", "16", "--restarts", "1", "--restart-iter", "2", "--max-iter", "3",
         "--workers", "2", "--data", str(SHARED)]
-TIMING = {"train_seconds", "peak_rss_mb"}
+TIMING = {"train_seconds", "peak_rss_mb", "peak_device_mb"}
 
 
 def run(csv_path, *extra):
@@ -171,13 +172,14 @@ def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ou
     assert "Not run, so in neither count: 28 of the paper's 29 datasets (challenger, fertility," in text
 
 
-def _result(path, dataset, split, method, rmse, num_features=1024, model=None, max_iter=100):
+def _result(path, dataset, split, method, rmse, num_features=1024, model=None, max_iter=100, device="cpu",
+            peak_device_mb=""):
     from alacarte.benchmark import append_row
 
     append_row(path, {"dataset": dataset, "split": split, "method": method, "model": model or method, "status": "ok",
                       "rmse": rmse, "nlpd": 0.0, "train_seconds": 3.0, "peak_rss_mb": 300.0, "n_train": 1439,
                       "d": 11, "num_features": num_features, "components": 4, "restarts": 5, "max_iter": max_iter,
-                      "seed": split, "version": "0"})
+                      "seed": split, "version": "0", "device": device, "peak_device_mb": peak_device_mb})
 
 
 @pytest.mark.parametrize("ours, printed, matched", [(0.474, "0.47 ≤ 0.47", 1), (0.476, "0.48 > 0.47", 0)])
@@ -230,6 +232,48 @@ def test_a_longer_training_run_gets_its_own_column_and_is_not_averaged_with_the_
             in text)
     assert "| wine | 0.45 (gm max_iter=300) | 0.47 (ARD) | 0.96 | 0.45 ≤ 0.47 | — |" in text
     assert "| wine | 0.96 [2] | 0.85 [2] | 1.08 [2] |" in text
+
+
+def test_gpu_rows_get_their_own_column_with_their_gpu_memory(tmp_path):
+    """GPU seconds are not CPU seconds: a method's rows fitted on a GPU are a column of their own,
+    never averaged with its CPU rows, and still compete for the best of the row."""
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    for split, (a, b) in enumerate([(0.50, 0.45), (0.52, 0.47)]):
+        _result(path, "wine", split, "gm", a)
+        _result(path, "wine", split, "gm", b, device="cuda: NVIDIA H200", peak_device_mb=812.0)
+    assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "| dataset | n train | gm | gm cuda | GM (paper) |" in text
+    assert "| wine | 1439 | 0.51 ± 0.01 [2]<br><sub>3 s · 300 MB</sub> | **0.46 ± 0.01 [2]**<br><sub>3 s · 300 MB · 812 MB GPU</sub> |" in text
+    assert "| wine | 0.46 (gm cuda) | 0.47 (ARD) | 0.98 | 0.46 ≤ 0.47 | — |" in text
+
+
+@pytest.mark.parametrize("device, message", [("mps", "must be cpu or cuda"), ("gpu:0", "is not a torch device")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "has no CUDA device")]))
+def test_a_device_the_cells_cannot_use_is_refused_before_any_cell_runs(tmp_path, capsys, device, message):
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    assert main(["bench", "run", "--datasets", "servo", "--methods", "gm", "--splits", "0", "--csv", str(path),
+                 "--data", str(SHARED), "--device", device]) == 2
+    assert message in capsys.readouterr().err
+    assert not path.exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cell_on_the_gpu_matches_the_same_cell_on_the_cpu(tmp_path):
+    """Same frequencies (drawn on the CPU, then moved), same data, same optimiser: the GPU's
+    float64 round-off may differ, the fit may not."""
+    cells = ["--datasets", "servo", "--methods", "gm", "pwl", "fsgbard"]
+    run(tmp_path / "cpu.csv", *cells)
+    run(tmp_path / "gpu.csv", *cells, "--device", "cuda")
+    cpu, gpu = (sorted(map(dict, results(tmp_path / name)), key=lambda r: r["method"]) for name in ("cpu.csv", "gpu.csv"))
+    for a, b in zip(cpu, gpu):
+        assert a["device"] == "cpu" and b["device"].startswith("cuda: ") and float(b["peak_device_mb"]) > 0
+        assert float(b["rmse"]) == pytest.approx(float(a["rmse"]), rel=1e-6)
+        assert float(b["nlpd"]) == pytest.approx(float(a["nlpd"]), rel=1e-6)
 
 
 def test_exact_gps_keep_one_column_when_they_ran_as_fastfood_on_the_larger_datasets(tmp_path):
