@@ -68,6 +68,11 @@ def _lengthscales(diffs: Tensor, q: float, ard: bool) -> Tensor:
     return _quantile(diffs.norm(dim=1, keepdim=True), q)
 
 
+def _on(draws: np.ndarray, like: Tensor) -> Tensor:
+    """numpy draws as a tensor of ``like``'s dtype and device (the model's: CPU or GPU)."""
+    return torch.as_tensor(draws, dtype=like.dtype, device=like.device)
+
+
 def _draw_quantile(rng: np.random.Generator, restart: int) -> float:
     return 0.5 if restart == 0 else float(rng.uniform(*_QUANTILE_RANGE))
 
@@ -93,12 +98,12 @@ def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: i
         scales = torch.stack([1.0 / _lengthscales(diffs, _draw_quantile(rng, restart + c), True).reshape(d)
                               for c in range(q_count)])
         kernel.scales = scales
-        kernel.means.copy_(torch.as_tensor(rng.normal(0.0, 0.1, size=(q_count, d)), dtype=scales.dtype) * scales)
+        kernel.means.copy_(_on(rng.normal(0.0, 0.1, size=(q_count, d)), scales) * scales)
         kernel.weights = torch.full((q_count,), 1.0 / q_count)
         return
     lengthscale = _lengthscales(diffs, _draw_quantile(rng, restart), ard)
     if isinstance(kernel, SSGPRKernel):
-        eps = torch.as_tensor(rng.standard_normal(tuple(kernel.frequencies.shape)), dtype=lengthscale.dtype)
+        eps = _on(rng.standard_normal(tuple(kernel.frequencies.shape)), lengthscale)
         kernel.frequencies.copy_(eps / lengthscale.reshape(-1))
         return
     kernel.lengthscale = lengthscale

@@ -266,10 +266,13 @@ def test_a_device_the_cells_cannot_use_is_refused_before_any_cell_runs(tmp_path,
 def test_a_cell_on_the_gpu_matches_the_same_cell_on_the_cpu(tmp_path):
     """Same frequencies (drawn on the CPU, then moved), same data, same optimiser: the GPU's
     float64 round-off may differ, the fit may not."""
-    cells = ["--datasets", "servo", "--methods", "gm", "pwl", "fsgbard"]
+    from alacarte.benchmark import METHODS
+
+    cells = ["--datasets", "servo", "--methods", *METHODS]
     run(tmp_path / "cpu.csv", *cells)
     run(tmp_path / "gpu.csv", *cells, "--device", "cuda")
     cpu, gpu = (sorted(map(dict, results(tmp_path / name)), key=lambda r: r["method"]) for name in ("cpu.csv", "gpu.csv"))
+    assert [r["method"] for r in gpu] == [r["method"] for r in cpu] == sorted(METHODS)  # none failed on either
     for a, b in zip(cpu, gpu):
         assert a["device"] == "cpu" and b["device"].startswith("cuda: ") and float(b["peak_device_mb"]) > 0
         assert float(b["rmse"]) == pytest.approx(float(a["rmse"]), rel=1e-6)
