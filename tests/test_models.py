@@ -319,14 +319,48 @@ def test_a_fit_that_ends_with_the_noise_at_its_lower_bound_warns_and_counts_repe
     x = torch.rand(40, 3, generator=gen, dtype=torch.float64)
     x = torch.cat([x, x[:7]])  # seven rows twice, their targets equal: σ² → 0 pays
     y = torch.sin(3 * x[:, 0]) + x[:, 1]  # and noise-free
+    model = make()
     with pytest.warns(RuntimeWarning, match="lower bound .* repeat 7 rows"):
-        fit(make(), x, y, max_iter=50, restarts=0, progress=False)
+        history = fit(model, x, y, max_iter=50, restarts=0, progress=False)
+    # The refit from a larger noise was tried, went no lower, and was dropped.
+    assert history.noise_refit_loss >= float(alacarte.training._current_loss(model, *model.train_inputs,
+                                                                             model.train_targets))
+    assert model.likelihood.noise.item() < 2e-4
     noisy = y + 0.3 * torch.randn(len(y), generator=gen, dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model = make()
         fit(model, x, noisy, max_iter=50, restarts=0, progress=False)
     assert model.likelihood.noise.item() > 1e-2  # the first fit's warning was about its noise, not the data
+
+
+@pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
+def test_a_fit_stalled_at_the_noise_lower_bound_is_refitted_from_a_larger_noise(make):
+    """Started with σ² at its lower bound, L-BFGS stalls there (the constraint's softplus flattens the
+    gradient): without the refit FSARD ends at a loss of 1.05 per point and exact ARD at 0.19, against
+    -1.64 and -1.54 from σ² = 0.01 (the data's noise is 0.0016 in standardised units)."""
+    x, y = toy_data(n=200)
+    model, reference = make(), make()
+    model.likelihood.noise, reference.likelihood.noise = 1.00001e-4, 1e-2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nor does it warn about the bound: it left it
+        history = fit(model, x, y, max_iter=100, restarts=0, progress=False)
+        fit(reference, x, y, max_iter=100, restarts=0, progress=False)
+    x_std, y_std = model.train_inputs[0], model.train_targets  # the reference's too: the same standardisation
+    final = alacarte.training._current_loss(model, x_std, y_std)
+    assert history.noise_refit_loss == pytest.approx(final)  # the refit was kept
+    assert final < alacarte.training._current_loss(reference, x_std, y_std) + 0.05
+    assert 0.5 < model.likelihood.noise.item() / reference.likelihood.noise.item() < 2
+
+
+def test_a_noise_that_is_not_trained_is_left_at_its_bound():
+    x, y = toy_data(n=100)
+    model = feature_model()
+    model.likelihood.noise = 1.00001e-4
+    model.likelihood.noise_covar.raw_noise.requires_grad_(False)
+    with pytest.warns(RuntimeWarning, match="lower bound"):
+        history = fit(model, x, y, max_iter=20, restarts=0, progress=False)
+    assert history.noise_refit_loss is None and model.likelihood.noise.item() == pytest.approx(1.00001e-4)
 
 
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
