@@ -381,7 +381,7 @@ def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
     warnings.warn(
         f"the noise variance ended at its lower bound ({noise:.3g} ≤ 2×{bound:.1e} in standardised units): the "
         f"model interpolates its training targets, which generalises worse unless they are noise-free.{repeated} "
-        "A refit from a larger noise found no better likelihood inside the bound. "
+        "A refit from a larger noise did not leave the bound with a better likelihood. "
         "Drop repeated rows, or raise the bound: GaussianLikelihood(noise_constraint=GreaterThan(...)).",
         RuntimeWarning,
         stacklevel=3,
