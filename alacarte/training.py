@@ -315,7 +315,7 @@ def fit(
                     best_state, history.chosen_restart = copy.deepcopy(model.state_dict()), restart
             model.load_state_dict(best_state)
         history.loss, history.converged = _optimize(model, x, y, optimizer, max_iter, lr, tolerance, bar)
-        if _noise_at_lower_bound(model) and model.likelihood.noise_covar.raw_noise.requires_grad:
+        if _noise_at_lower_bound(model) is not None and model.likelihood.noise_covar.raw_noise.requires_grad:
             _refit_from_larger_noise(model, x, y, history, optimizer, max_iter, lr, tolerance, bar)
     history.seconds = time.perf_counter() - start
     if jitters:  # one warning per fit, not one per iteration
@@ -334,9 +334,11 @@ def fit(
     return history
 
 
-def _noise_at_lower_bound(model) -> bool:
+def _noise_at_lower_bound(model) -> tuple[float, float] | None:
+    """(σ², its lower bound) when σ² is within twice the bound, else ``None``."""
     bound = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
-    return bound > 0 and float(model.likelihood.noise.detach().min()) <= 2 * bound
+    noise = float(model.likelihood.noise.detach().min())
+    return (noise, bound) if bound > 0 and noise <= 2 * bound else None
 
 
 def _refit_from_larger_noise(model, x, y, history: FitHistory, optimizer, max_iter, lr, tolerance, bar) -> None:
@@ -369,10 +371,10 @@ def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
     shows it on UCI wine.  :func:`fit` has already refitted from a larger
     noise (the optimiser can stall at the bound) when this warns.
     """
-    if not _noise_at_lower_bound(model):
+    at_bound = _noise_at_lower_bound(model)
+    if at_bound is None:
         return
-    bound = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
-    noise = float(model.likelihood.noise.detach().min())
+    noise, bound = at_bound
     repeated = ""
     if x is not None and x.dim() == 2:
         copies = x.shape[0] - torch.unique(x, dim=0).shape[0]
