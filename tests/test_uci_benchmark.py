@@ -272,7 +272,11 @@ def test_a_cell_on_the_gpu_matches_the_same_cell_on_the_cpu(tmp_path):
     cells = ["--datasets", "servo", "--methods", *METHODS]
     run(tmp_path / "cpu.csv", *cells)
     run(tmp_path / "gpu.csv", *cells, "--device", "cuda")
-    cpu, gpu = (sorted(map(dict, results(tmp_path / name)), key=lambda r: r["method"]) for name in ("cpu.csv", "gpu.csv"))
+    def rows_by_method(name):  # whole rows: `results` drops the timing columns, peak_device_mb among them
+        with open(tmp_path / name, newline="") as fh:
+            return sorted(csv.DictReader(fh), key=lambda r: r["method"])
+
+    cpu, gpu = rows_by_method("cpu.csv"), rows_by_method("gpu.csv")
     assert [r["method"] for r in gpu] == [r["method"] for r in cpu] == sorted(METHODS)  # none failed on either
     for a, b in zip(cpu, gpu):
         assert a["device"] == "cpu" and b["device"].startswith("cuda: ") and float(b["peak_device_mb"]) > 0
