@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     command = "python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
-    args.out.write_text(render(args.cpu, args.gpu, command))
-    print(args.out.read_text())
+    text = render(args.cpu, args.gpu, command)
+    args.out.write_text(text)
+    print(text)
     return 0
 
 

@@ -267,16 +267,13 @@ def test_a_cell_on_the_gpu_matches_the_same_cell_on_the_cpu(tmp_path):
     """Same frequencies (drawn on the CPU, then moved), same data, same optimiser: only float64
     round-off differs, which three iterations cannot amplify visibly (a hundred unconverged ones can:
     three kegg GM cells differ by 3%, docs/benchmarks.md)."""
-    from alacarte.benchmark import METHODS
+    from alacarte.benchmark import METHODS, read_rows
 
     cells = ["--datasets", "servo", "--methods", *METHODS]
     run(tmp_path / "cpu.csv", *cells)
     run(tmp_path / "gpu.csv", *cells, "--device", "cuda")
-    def rows_by_method(name):  # whole rows: `results` drops the timing columns, peak_device_mb among them
-        with open(tmp_path / name, newline="") as fh:
-            return sorted(csv.DictReader(fh), key=lambda r: r["method"])
-
-    cpu, gpu = rows_by_method("cpu.csv"), rows_by_method("gpu.csv")
+    # whole rows (`results` drops the timing columns, peak_device_mb among them)
+    cpu, gpu = (sorted(read_rows(tmp_path / name), key=lambda r: r["method"]) for name in ("cpu.csv", "gpu.csv"))
     assert [r["method"] for r in gpu] == [r["method"] for r in cpu] == sorted(METHODS)  # none failed on either
     for a, b in zip(cpu, gpu):
         assert a["device"] == "cpu" and b["device"].startswith("cuda: ") and float(b["peak_device_mb"]) > 0
