@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from alacarte.benchmark import read_rows
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "uci"
 pytestmark = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/uci is not present")
@@ -23,9 +25,7 @@ def run(csv_path, *extra):
 
 
 def results(csv_path):
-    with open(csv_path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    return sorted(tuple((k, v) for k, v in row.items() if k not in TIMING) for row in rows)
+    return sorted(tuple((k, v) for k, v in row.items() if k not in TIMING) for row in read_rows(csv_path))
 
 
 def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
@@ -50,8 +50,7 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
     path, one_cell = tmp_path / "budget.csv", ["--datasets", "servo", "--methods", "exact-ard"]
     out = run(path, *one_cell, "--time-budget", "0.5")  # not even the imports fit in half a second
     assert "0 cells done, 1 to run" in out
-    with open(path, newline="") as fh:
-        (row,) = list(csv.DictReader(fh))
+    (row,) = read_rows(path)
     assert row["status"] == "timeout" and row["rmse"] == ""
     assert "1 cells done, 0 to run" in run(path, *one_cell)
 
@@ -267,7 +266,7 @@ def test_a_cell_on_the_gpu_matches_the_same_cell_on_the_cpu(tmp_path):
     """Same frequencies (drawn on the CPU, then moved), same data, same optimiser: only float64
     round-off differs, which three iterations cannot amplify visibly (a hundred unconverged ones can:
     three kegg GM cells differ by 3%, docs/benchmarks.md)."""
-    from alacarte.benchmark import METHODS, read_rows
+    from alacarte.benchmark import METHODS
 
     cells = ["--datasets", "servo", "--methods", *METHODS]
     run(tmp_path / "cpu.csv", *cells)
@@ -309,7 +308,7 @@ def test_exact_gps_keep_one_column_when_they_ran_as_fastfood_on_the_larger_datas
 def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp_path):
     """A CSV written before ``iterations``/``converged`` existed is upgraded in place (old rows
     blank there) before the runner appends; a foreign file is refused, never appended to."""
-    from alacarte.benchmark import FIELDS, append_row, read_rows, upgrade_csv
+    from alacarte.benchmark import FIELDS, append_row, upgrade_csv
 
     old_fields = FIELDS[: FIELDS.index("version") + 1]
     path = tmp_path / "old.csv"
