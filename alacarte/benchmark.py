@@ -484,10 +484,14 @@ def _goals(datasets, methods, rmse, ran_as_fastfood, paper) -> list[str]:
     lines = ["", "Our best À la carte kernel (FSARD, FSGBARD, GM, PWL) against the best value in the paper's row, "
              "and our ARD against the paper's ARD (ratios of mean RMSE; ≤ 1 is as good or better). The paper "
              "prints each mean to a few decimals, so its 0.47 stands for a mean in [0.465, 0.475): the fifth "
-             "column compares ours rounded to the decimals the paper prints.", "",
+             "column compares ours rounded to the decimals the paper prints. The sixth gives the difference "
+             "of the two means in standard errors of that difference, √(s²/k + s²ₚ/10) with s the standard "
+             "deviation over our k splits and sₚ the paper's ± (read as the standard deviation over its 10 "
+             "splits): how far a gap stands out from the spread between splits.", "",
              "| dataset | best ours (method) | best paper (method) | ratio | at the paper's decimals "
-             "| our ARD / paper ARD |", "|---|---|---|---|---|---|"]
+             "| difference / SE | our ARD / paper ARD |", "|---|---|---|---|---|---|---|"]
     beaten = within = printed = counted = 0
+    behind = []  # the difference in standard errors where ours is above the paper's best (inf: no spread known)
     ard_ratios, fastfood_ard = {}, set()
     alacarte = [m for m in methods if m.method in ALACARTE_METHODS]
     for ds in datasets:
@@ -510,12 +514,18 @@ def _goals(datasets, methods, rmse, ran_as_fastfood, paper) -> list[str]:
                 fastfood_ard.add(ds)
         ard_ratio = (f"{ard_ratios[ds]:.2f}" + (" ff" if ds in fastfood_ard else "")) if ds in ard_ratios else "—"
         digits = theirs[m_paper].decimals
+        z = _standard_errors_apart(rmse[(ds, m_ours)], theirs[m_paper])
+        if not verdict.as_good:
+            behind.append(math.inf if z is None else z)
         lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper].mean:.3g} ({m_paper}) | "
                      f"{verdict.ratio} | {ours[m_ours]:.{digits}f} {'≤' if verdict.as_printed else '>'} "
-                     f"{theirs[m_paper].mean:.{digits}f} | {ard_ratio} |")
+                     f"{theirs[m_paper].mean:.{digits}f} | {'—' if z is None else f'{z:+.1f}'} | {ard_ratio} |")
     lines += ["", f"Best À la carte kernel ≤ the paper's best on {beaten} of {counted} datasets; "
                   f"within 10% on {within} of {counted}. Rounded to the decimals the paper prints, "
                   f"≤ on {printed} of {counted}."]
+    if behind:
+        lines[-1] += (f" Where ours is above the paper's best, the difference is under one standard error on "
+                      f"{sum(z < 1 for z in behind)} of {len(behind)} and under two on {sum(z < 2 for z in behind)}.")
     for fastfood, kind in ((False, "exact ARD"), (True, "Fastfood ARD (n ≥ 2000, marked ff)")):
         ratios = {ds: ratio for ds, ratio in ard_ratios.items() if (ds in fastfood_ard) == fastfood}
         if not ratios:
@@ -530,6 +540,14 @@ def _goals(datasets, methods, rmse, ran_as_fastfood, paper) -> list[str]:
         lines.append(f"Not run, so in neither count: {len(not_run)} of the paper's {len(paper_datasets)} "
                      f"datasets ({', '.join(not_run)}).")
     return lines
+
+
+def _standard_errors_apart(ours: list[float], theirs: PaperValue) -> float | None:
+    """(our mean − the paper's) / √(s²/k + s²ₚ/10); ``None`` with fewer than two splits of ours or no spread."""
+    if len(ours) < 2:
+        return None
+    error = math.sqrt(np.var(ours, ddof=1) / len(ours) + theirs.std ** 2 / 10)
+    return (float(np.mean(ours)) - theirs.mean) / error if error > 0 else None
 
 
 class Verdict(NamedTuple):

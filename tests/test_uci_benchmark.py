@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -191,9 +192,36 @@ def test_the_paper_is_also_compared_at_the_decimals_it_prints(tmp_path, ours, pr
     _result(path, "wine", 0, "pwl", ours)
     assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
     text = (tmp_path / "r.md").read_text()
-    assert f"| wine | {ours:.3g} (pwl) | 0.47 (ARD) | 1.01 | {printed} | — |" in text
+    assert f"| wine | {ours:.3g} (pwl) | 0.47 (ARD) | 1.01 | {printed} | — | — |" in text  # one split: no SE
     assert "≤ the paper's best on 0 of 1 datasets; within 10% on 1 of 1." in text
     assert f"Rounded to the decimals the paper prints, ≤ on {matched} of 1." in text
+
+
+def test_the_gap_to_the_paper_is_given_in_standard_errors_as_welchs_t_statistic(tmp_path):
+    """The goal table's difference / SE is Welch's t statistic of our splits against the paper's mean
+    and ± over its 10 splits (scipy's, an independent computation), and the summary counts the
+    datasets where ours is behind by how many standard errors."""
+    from scipy.stats import ttest_ind_from_stats
+
+    from alacarte.benchmark import load_paper
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    ours = {"wine": [0.49, 0.47, 0.51], "yacht": [0.20, 0.21, 0.22], "autompg": [2.3, 2.4, 2.5]}
+    for ds, values in ours.items():
+        for split, value in enumerate(values):
+            _result(path, ds, split, "gm", value)
+    assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    paper = load_paper(ROOT / "experiments" / "paper_table1.csv")
+    for ds, best in (("wine", "ARD"), ("yacht", "PWL"), ("autompg", "GM")):
+        theirs = paper[(ds, best)]
+        t = ttest_ind_from_stats(np.mean(ours[ds]), np.std(ours[ds], ddof=1), 3,
+                                 theirs.mean, theirs.std, 10, equal_var=False).statistic
+        row = next(line for line in text.splitlines() if line.startswith(f"| {ds} | ") and f"({best})" in line)
+        assert row.split(" | ")[5] == f"{t:+.1f}"
+    # wine +0.7 and yacht +3.9 SE behind; autompg ahead (not counted)
+    assert "the difference is under one standard error on 1 of 2 and under two on 1." in text
 
 
 def test_a_report_of_two_protocols_gives_each_feature_count_its_column(tmp_path):
@@ -210,7 +238,7 @@ def test_a_report_of_two_protocols_gives_each_feature_count_its_column(tmp_path)
     text = (tmp_path / "r.md").read_text()
     assert "| dataset | n train | gm D=1024 | gm D=4096 | pwl | GM (paper) | PWL (paper) |" in text
     assert "Feature methods use D = 1024 and 4096 features" in text
-    assert "| wine | 0.45 (gm D=4096) | 0.47 (ARD) | 0.96 | 0.45 ≤ 0.47 | — |" in text
+    assert "| wine | 0.45 (gm D=4096) | 0.47 (ARD) | 0.96 | 0.45 ≤ 0.47 | -0.7 | — |" in text
     assert "| dataset | gm D=1024 | gm D=4096 | pwl |" in text  # each column beside the paper's GM/PWL
     assert "| wine | 0.96 [2] | 0.85 [2] | 1.08 [2] |" in text  # against the paper's GM 0.53, PWL 0.48
 
@@ -229,7 +257,7 @@ def test_a_longer_training_run_gets_its_own_column_and_is_not_averaged_with_the_
     text = (tmp_path / "r.md").read_text()
     assert ("| dataset | n train | gm max_iter=100 | gm max_iter=300 | pwl | GM (paper) | PWL (paper) |"
             in text)
-    assert "| wine | 0.45 (gm max_iter=300) | 0.47 (ARD) | 0.96 | 0.45 ≤ 0.47 | — |" in text
+    assert "| wine | 0.45 (gm max_iter=300) | 0.47 (ARD) | 0.96 | 0.45 ≤ 0.47 | -0.7 | — |" in text
     assert "| wine | 0.96 [2] | 0.85 [2] | 1.08 [2] |" in text
 
 
@@ -246,7 +274,7 @@ def test_gpu_rows_get_their_own_column_with_their_gpu_memory(tmp_path):
     text = (tmp_path / "r.md").read_text()
     assert "| dataset | n train | gm | gm cuda | GM (paper) |" in text
     assert "| wine | 1439 | 0.51 ± 0.01 [2]<br><sub>3 s · 300 MB</sub> | **0.46 ± 0.01 [2]**<br><sub>3 s · 300 MB · 812 MB GPU</sub> |" in text
-    assert "| wine | 0.46 (gm cuda) | 0.47 (ARD) | 0.98 | 0.46 ≤ 0.47 | — |" in text
+    assert "| wine | 0.46 (gm cuda) | 0.47 (ARD) | 0.98 | 0.46 ≤ 0.47 | -0.4 | — |" in text
 
 
 @pytest.mark.parametrize("device, message", [("mps", "must be cpu or cuda"), ("gpu:0", "is not a torch device")]
@@ -294,8 +322,8 @@ def test_exact_gps_keep_one_column_when_they_ran_as_fastfood_on_the_larger_datas
     assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
     text = (tmp_path / "r.md").read_text()
     assert "| dataset | n train | exact-ard | gm | ARD (paper) | GM (paper) |" in text
-    assert "| wine | 0.48 (gm) | 0.47 (ARD) | 1.02 | 0.48 > 0.47 | 1.10 |" in text
-    assert "| gas | 0.15 (gm) | 0.12 (ARD) | 1.25 | 0.15 > 0.12 | 1.08 ff |" in text
+    assert "| wine | 0.48 (gm) | 0.47 (ARD) | 1.02 | 0.48 > 0.47 | — | 1.10 |" in text
+    assert "| gas | 0.15 (gm) | 0.12 (ARD) | 1.25 | 0.15 > 0.12 | — | 1.08 ff |" in text
     # The same-method table marks and counts the Fastfood fit apart too (paper's GM: wine 0.53, gas 0.14).
     assert "| wine | 1.10 [1] | 0.91 [1] |" in text
     assert "| gas | 1.08 [1] ff | 1.07 [1] |" in text
