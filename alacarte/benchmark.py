@@ -37,6 +37,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from .datasets.uci import UCI_NUM_SPLITS
+
 __all__ = ["METHODS", "main", "run", "report"]
 
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
@@ -450,7 +452,7 @@ def report(args: argparse.Namespace) -> str:
             if not v:
                 cells.append("timeout" if timeouts[(ds, m.method)] else "—")
                 continue
-            text = _fmt(np.mean(v), np.std(v)) + (f" [{len(v)}]" if len(v) < 10 else "")
+            text = _fmt(np.mean(v), np.std(v)) + (f" [{len(v)}]" if len(v) < UCI_NUM_SPLITS else "")
             text = f"**{text}**" if ours[m] == best else text
             marker = " ff" if (ds, m) in ran_as_fastfood else ""
             ended = converged[(ds, m)]
@@ -546,7 +548,7 @@ def _standard_errors_apart(ours: list[float], theirs: PaperValue) -> float | Non
     """(our mean − the paper's) / √(s²/k + s²ₚ/10); ``None`` with fewer than two splits of ours or no spread."""
     if len(ours) < 2:
         return None
-    error = math.sqrt(np.var(ours, ddof=1) / len(ours) + theirs.std ** 2 / 10)
+    error = math.sqrt(np.var(ours, ddof=1) / len(ours) + theirs.std ** 2 / UCI_NUM_SPLITS)
     return (float(np.mean(ours)) - theirs.mean) / error if error > 0 else None
 
 
@@ -594,7 +596,7 @@ def _same_method_ratios(datasets, columns, rmse, ran_as_fastfood, paper) -> list
                 good, text = verdict.as_good, verdict.ratio
             within[(m, fastfood)] += good
             compared[(m, fastfood)] += 1
-            cells.append(text + (f" [{len(ours)}]" if len(ours) < 10 else "") + (" ff" if fastfood else ""))
+            cells.append(text + (f" [{len(ours)}]" if len(ours) < UCI_NUM_SPLITS else "") + (" ff" if fastfood else ""))
         lines.append(f"| {ds} | " + " | ".join(cells) + " |")
 
     def count(m) -> str:
