@@ -290,7 +290,7 @@ def test_simplex_step_descends_to_the_constrained_minimiser():
     v = torch.tensor([0.9, -0.2, 0.4, 0.05, 0.3, -1.0], dtype=torch.float64)
     objective = lambda: 0.5 * ((kernel.simplex_weights.squeeze(0) - v) ** 2).sum()  # noqa: E731
     step = SimplexStep(kernel, step_size=10.0)  # too long at first: backtracking must cut it
-    values = [float(objective())]
+    values = [objective().item()]
     for _ in range(30):
         values.append(step.step(objective, steps=1))
     assert all(b <= a for a, b in zip(values, values[1:]))
