@@ -452,7 +452,7 @@ def report(args: argparse.Namespace) -> str:
             if not v:
                 cells.append("timeout" if timeouts[(ds, m.method)] else "—")
                 continue
-            text = _fmt(np.mean(v), np.std(v)) + (f" [{len(v)}]" if len(v) < UCI_NUM_SPLITS else "")
+            text = _fmt(np.mean(v), np.std(v)) + _split_count_marker(len(v))
             text = f"**{text}**" if ours[m] == best else text
             marker = " ff" if (ds, m) in ran_as_fastfood else ""
             ended = converged[(ds, m)]
@@ -544,6 +544,11 @@ def _goals(datasets, methods, rmse, ran_as_fastfood, paper) -> list[str]:
     return lines
 
 
+def _split_count_marker(k: int) -> str:
+    """`` [k]`` after a cell averaged over fewer splits than the paper's, else nothing."""
+    return f" [{k}]" if k < UCI_NUM_SPLITS else ""
+
+
 def _standard_errors_apart(ours: list[float], theirs: PaperValue) -> float | None:
     """(our mean − the paper's) / √(s²/k + s²ₚ/10); ``None`` with fewer than two splits of ours or no spread."""
     if len(ours) < 2:
@@ -596,7 +601,7 @@ def _same_method_ratios(datasets, columns, rmse, ran_as_fastfood, paper) -> list
                 good, text = verdict.as_good, verdict.ratio
             within[(m, fastfood)] += good
             compared[(m, fastfood)] += 1
-            cells.append(text + (f" [{len(ours)}]" if len(ours) < UCI_NUM_SPLITS else "") + (" ff" if fastfood else ""))
+            cells.append(text + _split_count_marker(len(ours)) + (" ff" if fastfood else ""))
         lines.append(f"| {ds} | " + " | ".join(cells) + " |")
 
     def count(m) -> str:
