@@ -176,15 +176,16 @@ def _model_record(model: Model) -> dict[str, Any]:
     record["frozen"] = _frozen(model)
     if model.train_inputs is not None:
         record.update(_cpu({"train_inputs": model.train_inputs[0], "train_targets": model.train_targets}))
-        if isinstance(model, FeatureGP):
-            # The factor itself is stored, so that predictions after loading do not
-            # depend on re-running the O(nD²) factorisation bit for bit.
-            was_training = model.training
-            model.eval()
-            posterior = model.posterior()
-            record["posterior"] = _cpu({"cholesky": posterior.cholesky, "weights": posterior.weights,
-                                        "noise": posterior.noise})
-            model.train(was_training)
+    if isinstance(model, FeatureGP) and model._has_data():
+        # The factor itself is stored: predictions after loading then do not depend on
+        # re-running the O(nD²) factorisation bit for bit, and a model fitted on streamed
+        # data (which holds its posterior but no rows) predicts after loading too.
+        was_training = model.training
+        model.eval()
+        posterior = model.posterior()
+        record["posterior"] = _cpu({"cholesky": posterior.cholesky, "weights": posterior.weights,
+                                    "noise": posterior.noise})
+        model.train(was_training)
     return record
 
 
@@ -336,6 +337,15 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
     """
     from . import __version__
 
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; save_model needs a file path, e.g. {path / 'model.alacarte'}")
+    if not path.parent.is_dir():
+        raise ValueError(f"cannot write {path}: the directory {path.parent} does not exist")
+    try:
+        metadata_json = json.dumps(metadata or {})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"metadata must be JSON-serialisable (dicts, lists, str, numbers, bools, None): {err}") from None
     if isinstance(model, AlaCarteRegressor):
         kind, record = "AlaCarteRegressor", _regressor_record(model)
     else:
@@ -349,17 +359,18 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
         "alacarte_version": __version__,
         "torch_version": torch.__version__,
         "kind": kind,
-        "metadata": metadata or {},
+        "metadata": json.loads(metadata_json),
         "body_bytes": len(body),
         "body_sha256": hashlib.sha256(body).hexdigest(),
     }).encode()
-    path = Path(path)
     _atomic_write(path, MAGIC + struct.pack("<I", len(header)) + header + body)
     return path
 
 
 def _read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not an alacarte model file")
     data = path.read_bytes()
     if not data.startswith(MAGIC):
         raise ValueError(f"{path} is not an alacarte model file (it does not start with the alacarte signature)")

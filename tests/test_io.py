@@ -194,3 +194,34 @@ def test_models_a_file_cannot_rebuild_are_refused(tmp_path):
     assert not (tmp_path / "c.alacarte").exists() and not (tmp_path / "p.alacarte").exists()
     with pytest.raises(ValueError, match="save_model takes"):
         save_model(torch.nn.Linear(2, 2), tmp_path / "l.alacarte")
+
+
+@pytest.mark.parametrize("how", ["fit chunk_size", "cache_posterior"])
+def test_a_model_holding_only_a_streamed_posterior_reloads_and_predicts_bit_identically(how, tmp_path):
+    """Streamed training keeps the weight posterior, not the rows: the file must carry the posterior."""
+    x, y = data(n=200)
+    model = make_model("fsard", 3, num_samples=16, seed=0)
+    if how == "fit chunk_size":
+        ac.fit(model, x, y, chunk_size=50, max_iter=3, restarts=0, progress=False)
+    else:
+        ac.fit(model, x, y, max_iter=3, restarts=0, progress=False)
+        model.cache_posterior(x, y, chunk_size=64)
+    assert model.train_inputs is None
+    loaded = load_model(save_model(model, tmp_path / "m.alacarte"))
+    x_test = data(n=25, seed=3)[0]
+    a, b = model.predict(x_test), loaded.predict(x_test)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+    assert torch.equal(model.sample_functions(2, seed=0)(x_test), loaded.sample_functions(2, seed=0)(x_test))
+
+
+def test_bad_paths_and_metadata_are_refused_before_anything_is_written(tmp_path):
+    model = fitted_model()
+    with pytest.raises(ValueError, match="is a directory; save_model needs a file path"):
+        save_model(model, tmp_path)
+    with pytest.raises(ValueError, match="directory .*missing does not exist"):
+        save_model(model, tmp_path / "missing" / "m.alacarte")
+    with pytest.raises(ValueError, match="metadata must be JSON-serialisable"):
+        save_model(model, tmp_path / "m.alacarte", metadata={"columns": np.arange(3)})
+    assert list(tmp_path.iterdir()) == []  # no file, and no temporary file left behind
+    with pytest.raises(ValueError, match="is a directory, not an alacarte model file"):
+        load_model(tmp_path)
