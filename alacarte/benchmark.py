@@ -37,6 +37,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
+from ._validation import check_nonnegative_int, check_positive_float, check_positive_int
 from .datasets.uci import UCI_NUM_SPLITS
 
 __all__ = ["METHODS", "main", "run", "report"]
@@ -45,6 +46,8 @@ FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "trai
           "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version",
           "iterations", "converged", "device", "peak_device_mb"]
 # (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
+# The columns the report reads in every row (results files written before the others existed lack those).
+_REPORTED_FIELDS = ("dataset", "split", "method", "rmse", "train_seconds", "peak_rss_mb", "max_iter")
 METHODS = ("exact-rbf", "exact-ard", "fastfood-rbf", "fastfood-ard", "fsard", "fsgbard", "gm", "pwl", "ssgpr", "rks")
 # (the names of alacarte.factory.KERNEL_NAMES, in the order of the report's columns)
 ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
@@ -235,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
     datasets = [canonical_name(ds) for ds in args.datasets]
+    _check_settings(args)
     _check_device(args.device)
     upgrade_csv(args.csv)
     done = {(r["dataset"], int(r["split"]), r["method"]) for r in read_rows(args.csv)}
@@ -264,6 +268,22 @@ def run(args: argparse.Namespace) -> int:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
     return 1 if failures else 0
+
+
+def _check_settings(args: argparse.Namespace) -> None:
+    """Refuse settings every cell would fail on (or a run that could never finish) before any cell starts."""
+    for name in ("num_samples", "max_iter", "restart_iter", "workers", "threads"):
+        check_positive_int(getattr(args, name), "--" + name.replace("_", "-"))
+    check_nonnegative_int(args.restarts, "--restarts")
+    if args.limit is not None:
+        check_nonnegative_int(args.limit, "--limit")
+    if args.time_budget is not None:
+        check_positive_float(args.time_budget, "--time-budget")
+    if args.components != "auto":
+        try:
+            check_positive_int(int(args.components), "--components")
+        except ValueError:
+            raise ValueError(f"--components must be 'auto' or a positive integer, got {args.components!r}") from None
 
 
 def _check_device(name: str) -> None:
@@ -391,7 +411,15 @@ def _column_of(rows: list[dict]):
 
 
 def report(args: argparse.Namespace) -> str:
+    for path in args.csv:
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: no such results file")
+        missing = [name for name in _REPORTED_FIELDS if name not in _header(path)]
+        if missing:
+            raise ValueError(f"{path} is not a benchmark results file: it lacks the column(s) {', '.join(missing)}")
     every_row = [r for path in args.csv for r in read_rows(path)]
+    if not every_row:
+        raise ValueError(f"{', '.join(args.csv)} hold(s) no results yet: run `alacarte bench run` first")
     rows = [r for r in every_row if r.get("status", "ok") == "ok"]
     timeouts = defaultdict(int)  # keyed by method: a timed-out row records no features
     for r in every_row:
@@ -647,7 +675,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="alacarte bench", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return args.bench(args)
+    """``alacarte bench`` with ``argv`` (default: the command line), errors handled as by the CLI."""
+    import sys
+
+    from .cli import main as cli_main
+
+    return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

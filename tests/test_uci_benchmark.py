@@ -361,3 +361,32 @@ def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp
     with pytest.raises(ValueError, match="does not know: \\['score'\\]"):
         upgrade_csv(foreign)
     assert foreign.read_text() == "dataset,split,score\nyacht,0,1\n"
+
+
+@pytest.mark.parametrize("setting, message", [
+    (["--time-budget", "-1"], "--time-budget must be a positive finite number"),
+    (["--workers", "0"], "--workers must be a positive integer"),
+    (["--num-samples", "0"], "--num-samples must be a positive integer"),
+    (["--max-iter", "0"], "--max-iter must be a positive integer"),
+    (["--threads", "0"], "--threads must be a positive integer"),
+    (["--components", "x"], "--components must be 'auto' or a positive integer"),
+])
+def test_settings_no_cell_could_run_with_are_refused_before_any_cell_runs(tmp_path, capsys, setting, message):
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    assert main(["bench", "run", "--datasets", "servo", "--methods", "gm", "--splits", "0", "--csv", str(path),
+                 "--data", str(SHARED), *setting]) == 2
+    assert message in capsys.readouterr().err
+    assert not path.exists()
+
+
+def test_report_refuses_a_missing_or_foreign_results_file(tmp_path, capsys):
+    from alacarte.cli import main
+
+    foreign = tmp_path / "other.csv"
+    foreign.write_text("a,b\n1,2\n")
+    assert main(["bench", "report", "--csv", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv: no such results file" in capsys.readouterr().err
+    assert main(["bench", "report", "--csv", str(foreign)]) == 2
+    assert "is not a benchmark results file: it lacks the column(s) dataset" in capsys.readouterr().err
