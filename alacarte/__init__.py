@@ -14,7 +14,7 @@ from .kernels import (
     SpectralMixtureFastfoodKernel,
     SSGPRKernel,
 )
-from .datasets import load_uci
+from .datasets import list_uci, load_uci
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .regressor import AlaCarteRegressor
@@ -38,6 +38,7 @@ __all__ = [
     "fit",
     "AlaCarteRegressor",
     "SRFFRegressor",
+    "list_uci",
     "load_uci",
     "RFFNetRegressor",
     "RFFNetClassifier",

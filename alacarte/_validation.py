@@ -4,6 +4,7 @@ Every check raises ``ValueError`` naming the argument and what is wrong with it.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -16,17 +17,103 @@ def column_standardization(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     A constant column (max = min) gets scale 1 and is only centred: its computed
     standard deviation can be round-off rather than 0 (a column of 0.1s gives
-    ~4e-17), and dividing by that would turn the round-off into an O(1) input."""
+    ~4e-17), and dividing by that would turn the round-off into an O(1) input.
+    Scales are ``X.std(axis=0)``, or :func:`robust_std`'s where that over- or underflows."""
     mean = X.mean(axis=0)
-    scale = X.std(axis=0)
+    with np.errstate(over="ignore", under="ignore"):  # handled below
+        scale = X.std(axis=0)
+    if not bool(_exact_to_round_off(scale, np.abs(X - mean).max(axis=0), np.finfo(X.dtype)).all()):
+        scale = robust_std(torch.from_numpy(X), 0, correction=0).numpy()
     scale[np.ptp(X, axis=0) == 0] = 1.0
+    check_scales_finite(mean, scale, "X")
     return mean, scale
 
 
+def robust_std(t: Tensor, dim: int | None = None, correction: int = 1) -> Tensor:
+    """``t.std(dim, correction=...)``, also where squaring the deviations would overflow
+    (|x| > 1e154) or underflow (|x| < 1e-154): there it is computed on the deviations
+    divided by their largest magnitude.  Elsewhere it is ``t.std`` bit for bit, so that
+    ordinary fits are exactly what they were."""
+    dims = tuple(range(t.dim())) if dim is None else (dim,)
+    plain = t.std(dims, correction=correction)
+    centred = t - t.mean(dims, keepdim=True)
+    peak = centred.abs().amax(dims, keepdim=True)
+    safe = _exact_to_round_off(plain, peak.squeeze(dims), torch.finfo(t.dtype))
+    if bool(safe.all()):
+        return plain
+    unit = torch.where(peak > 0, peak, torch.ones_like(peak))
+    scaled = (centred / unit).std(dims, correction=correction) * unit.squeeze(dims)
+    return torch.where(safe, plain, scaled)
+
+
+def _exact_to_round_off(std, peak, info):
+    """Where a standard deviation summed from plain squares is accurate: no square overflows
+    and the result is far from the subnormal range."""
+    return (std > info.tiny ** 0.5) & (peak < info.max ** 0.5)
+
+
+def check_scales_finite(mean, scale, name: str) -> None:
+    if not all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in (mean, scale)):
+        raise ValueError(f"{name} is too large in magnitude to standardise (its mean or spread overflows); "
+                         "rescale it")
+
+
+def check_learnable_targets(n: int, y_min: float, y_max: float, name: str = "y") -> None:
+    """A GP needs two or more training rows and targets that vary.
+
+    With one row, or a constant target, the marginal likelihood grows without
+    bound as the signal and noise variances go to 0: there is no fit to find,
+    only a model that claims certainty."""
+    if n < 2:
+        raise ValueError(f"a GP needs at least 2 training rows to learn hyperparameters, got n_samples = {n}")
+    if y_min == y_max:
+        raise ValueError(f"{name} is constant (every value is {y_min:g}): there is nothing for a GP to learn; "
+                         "predict the constant instead")
+
+
+def _is_integer(value) -> bool:
+    """Python and numpy integers (what a grid search passes), not bools."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+    if not _is_integer(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def check_nonnegative_int(value, name: str) -> int:
+    if not _is_integer(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def check_seed(value, name: str = "seed") -> int | None:
+    """``None`` or an integer in [0, 2⁶⁴): what both numpy's and torch's generators accept."""
+    if value is None:
+        return None
+    if not _is_integer(value) or not 0 <= value < 2**64:
+        raise ValueError(f"{name} must be None or an integer in [0, 2**64), got {value!r}")
+    return int(value)
+
+
+def check_positive_float(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _numeric_array(value, name: str) -> np.ndarray:
+    array = np.asarray(value)
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        raise ValueError(f"{name} must be numeric, got an array of dtype {array.dtype}")
+    return array
+
+
+def float64_targets(y, name: str = "y") -> np.ndarray:
+    """Regression targets as float64 (what the estimators compute in), refusing strings."""
+    return _numeric_array(y, name).astype(np.float64, copy=False)
 
 
 def as_tensor(value, name: str, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Tensor:
@@ -37,10 +124,7 @@ def as_tensor(value, name: str, dtype: torch.dtype | None = None, device: torch.
     if isinstance(value, Tensor):
         tensor = value
     else:
-        array = np.asarray(value)
-        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-            raise ValueError(f"{name} must be numeric, got an array of dtype {array.dtype}")
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        tensor = torch.from_numpy(np.ascontiguousarray(_numeric_array(value, name)))
     if tensor.is_complex():
         raise ValueError(f"{name} must be real, got a complex tensor")
     if dtype is None:

@@ -32,7 +32,7 @@ from .kernels import (
     SSGPRKernel,
 )
 
-__all__ = ["initialize", "pair_distances"]
+__all__ = ["initialize", "pair_distances", "set_noise"]
 
 _NUM_PAIRS = 2000
 _QUANTILE_RANGE = (0.1, 0.9)
@@ -78,10 +78,18 @@ def _draw_quantile(rng: np.random.Generator, restart: int) -> float:
 
 
 @torch.no_grad()
+def set_noise(model, variance: float) -> None:
+    """Set σ², raised to twice its constraint's lower bound if below it (GPyTorch refuses
+    values under the bound; unstandardised targets of tiny scale give such values)."""
+    bound = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
+    model.likelihood.noise = max(variance, 2 * bound)
+
+
+@torch.no_grad()
 def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int = 0) -> None:
     """Set ``model``'s hyperparameters from its (standardised) training data."""
     diffs = pair_distances(x, rng)
-    model.likelihood.noise = 0.01 * float(y.var()) if y.numel() > 1 else 0.01
+    set_noise(model, 0.01 * float(y.var()) if y.numel() > 1 else 0.01)
     model.mean_module.constant.fill_(float(y.mean()))
     kernel = model.covar_module
     if not isinstance(kernel, FeatureKernel):  # exact GP: ScaleKernel(RBFKernel)

@@ -22,7 +22,7 @@ from gpytorch.models import ExactGP
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import Tensor
 
-from ._validation import as_tensor, check_inputs, check_positive_int, check_targets
+from ._validation import as_tensor, check_inputs, check_positive_int, check_scales_finite, check_targets, robust_std
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
 from .streaming import ChunkedData, streamed_statistics
@@ -73,6 +73,7 @@ class _StandardizedGP(ExactGP):
     """ExactGP plus affine input/target standardisation kept in buffers."""
 
     def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
+        num_dims = check_positive_int(num_dims, "num_dims")
         likelihood = likelihood if likelihood is not None else GaussianLikelihood()
         if train_x is not None:
             train_x = check_inputs(as_tensor(train_x, "train_x"), "train_x", num_dims)
@@ -91,8 +92,8 @@ class _StandardizedGP(ExactGP):
 
         A constant column (max = min) is only centred: its computed std can be
         round-off (0.1s give ~1e-17), and dividing by it would make an O(1) input."""
-        x_scale = x.std(0) if x.shape[0] > 1 else torch.ones_like(x[0])
-        y_scale = y.std() if y.shape[0] > 1 else torch.ones_like(y[0])
+        x_scale = robust_std(x, 0) if x.shape[0] > 1 else torch.ones_like(x[0])
+        y_scale = robust_std(y) if y.shape[0] > 1 else torch.ones_like(y[0])
         x_scale = x_scale.masked_fill(x.amax(0) == x.amin(0), 0.0)  # 0 → scale 1 below
         y_scale = y_scale.masked_fill(y.amax() == y.amin(), 0.0)
         self.set_standardization(x.mean(0), x_scale, y.mean(), y_scale)
@@ -102,6 +103,8 @@ class _StandardizedGP(ExactGP):
     def set_standardization(self, input_offset: Tensor, input_scale: Tensor, target_offset: Tensor,
                             target_scale: Tensor) -> None:
         """Set the affine transformation x ↦ (x − offset)/scale (constant columns keep scale 1)."""
+        check_scales_finite(input_offset, input_scale, "x")
+        check_scales_finite(target_offset, target_scale, "y")
         self.input_offset.copy_(input_offset)
         self.input_scale.copy_(torch.where(input_scale > 0, input_scale, torch.ones_like(input_scale)))
         self.target_offset.copy_(target_offset)
@@ -116,6 +119,9 @@ class _StandardizedGP(ExactGP):
     def check_data(self, x, y=None) -> tuple[Tensor, Tensor | None]:
         """Validate and convert user data (original units) to the model's dtype/device."""
         dtype, device = self._model_dtype(), self.input_offset.device
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"alacarte models compute in float32 or float64, this one is {dtype}: call model.float() "
+                             "or model.double()")
         x = check_inputs(as_tensor(x, "x", dtype, device), "x", self.num_dims)
         if y is not None:
             y = check_targets(as_tensor(y, "y", dtype, device), x.shape[0], "y")
@@ -227,8 +233,8 @@ class FeatureGP(_StandardizedGP):
         if self._posterior is None or self.training:
             if self.train_inputs is None:
                 raise ValueError(
-                    "the model holds no training data (it was fitted on streamed data, and the posterior "
-                    "streamed then is gone after model.train()): call model.cache_posterior(x, y) or alacarte.fit"
+                    "the model holds no training data: call alacarte.fit(model, x, y) or model.cache_posterior(x, y) "
+                    "(a posterior streamed by either is dropped by model.train())"
                 )
             (x,) = self.train_inputs
             phi = self.covar_module.features(x)
@@ -267,9 +273,7 @@ class FeatureGP(_StandardizedGP):
     def __call__(self, *args, **kwargs):
         if self.training or len(args) != 1:
             return super().__call__(*args, **kwargs)
-        x = args[0]
-        if x.dim() == 1:
-            x = x.unsqueeze(-1)
+        x = check_inputs(as_tensor(args[0], "x", self._model_dtype(), self.input_offset.device), "x", self.num_dims)
         posterior, phi, mean = self._posterior_mean(x)
         return MultivariateNormal(mean, LowRankRootLinearOperator(posterior.whiten(phi)))
 

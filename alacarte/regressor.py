@@ -11,6 +11,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from ._validation import check_positive_int, float64_targets
 from .factory import KERNEL_NAMES, make_model
 from .kernels import FeatureKernel
 from .models import FeatureGP
@@ -137,6 +138,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
     def fit(self, X, y) -> "AlaCarteRegressor":
         """Fit the GP's hyperparameters to (X, y) by maximising the marginal likelihood."""
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
+        y = float64_targets(y)
         seed = _as_seed(self.random_state)
         model = self._build_model(X.shape[1], seed)
         x_t, y_t = torch.tensor(X, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
@@ -207,6 +209,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         exact GPs draw from the joint posterior over X (O(m³)).
         """
         x = self._test_inputs(X)
+        check_positive_int(n_samples, "n_samples")
         model = self.model_
         if isinstance(model, FeatureGP):
             return model.sample_functions(n_samples, seed=_as_seed(random_state))(x).T.numpy()

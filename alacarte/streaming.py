@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import as_tensor, check_inputs, check_positive_int, check_targets
+from ._validation import as_tensor, check_inputs, check_learnable_targets, check_positive_int, check_targets
 from .mll import WoodburyMarginalLogLikelihood
 from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics
 
@@ -245,14 +245,18 @@ class ChunkedData:
         self.all_reduce_(x_sum)
         self.all_reduce_(peaks, maximum=True)
         n = x_sum[-1]
+        check_learnable_targets(int(n), -float(peaks[1, -1]), float(peaks[0, -1]))
         mean = x_sum[:-1] / n
+        # Deviations are summed in units of the column's range, so that squares neither overflow nor underflow.
+        spread = peaks[0] + peaks[1]
+        unit = torch.where(spread > 0, spread, torch.ones_like(spread))
         squares = torch.zeros_like(x_sum[:-1])
         for x_c, y_c in self.chunks(model):
-            squares[:-1] += (x_c.to(torch.float64) - mean[:-1]).square().sum(0)
-            squares[-1] += (y_c.to(torch.float64) - mean[-1]).square().sum()
+            squares[:-1] += ((x_c.to(torch.float64) - mean[:-1]) / unit[:-1]).square().sum(0)
+            squares[-1] += ((y_c.to(torch.float64) - mean[-1]) / unit[-1]).square().sum()
         self.all_reduce_(squares)
-        std = (squares / (n - 1)).sqrt() if n > 1 else torch.ones_like(squares)
-        std = std.masked_fill(peaks[0] + peaks[1] == 0, 0.0)
+        std = (squares / (n - 1)).sqrt() * unit
+        std = std.masked_fill(spread == 0, 0.0)
         dtype = model.input_offset.dtype
         return mean[:-1].to(dtype), std[:-1].to(dtype), mean[-1].to(dtype), std[-1].to(dtype)
 

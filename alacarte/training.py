@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -13,8 +14,14 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from tqdm.auto import tqdm
 
-from ._validation import check_positive_int
-from .init import initialize
+from ._validation import (
+    check_learnable_targets,
+    check_nonnegative_int,
+    check_positive_float,
+    check_positive_int,
+    check_seed,
+)
+from .init import initialize, set_noise
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .selection.simplex import SimplexStep
@@ -231,6 +238,10 @@ def fit(
     Returns:
         The :class:`FitHistory`; the model is left in eval mode.
 
+    Raises:
+        ValueError: bad data (non-finite, wrong shape, fewer than 2 rows, a
+            constant target, magnitudes that overflow) or a bad setting.
+
     Example:
         >>> model = FeatureGP(None, None, FSARDKernel(num_dims=8, num_samples=512, ard_num_dims=8))
         >>> history = fit(model, x, y, max_iter=50)
@@ -239,13 +250,15 @@ def fit(
     """
     if optimizer not in ("lbfgs", "adam"):
         raise ValueError(f"optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")
-    check_positive_int(max_iter, "max_iter")
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
-        raise ValueError(f"restarts must be a non-negative integer, got {restarts!r}")
+    max_iter = check_positive_int(max_iter, "max_iter")
+    restarts = check_nonnegative_int(restarts, "restarts")
     if restarts:
-        check_positive_int(restart_iter, "restart_iter")
-    if lr is not None and not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive finite number, got {lr!r}")
+        restart_iter = check_positive_int(restart_iter, "restart_iter")
+    if lr is not None:
+        lr = check_positive_float(lr, "lr")
+    if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
+    seed = check_seed(seed)
     streamed = is_streamed_input(x, y, chunk_size, memory_budget, statistics_dtype)
     if streamed:
         if not isinstance(model, FeatureGP):
@@ -270,6 +283,7 @@ def fit(
         raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
     else:
         x, y = model.check_data(x, y)
+        check_learnable_targets(x.shape[0], float(y.min()), float(y.max()))
     if seed is not None:
         torch.manual_seed(seed)
     if standardize and streamed:
@@ -347,7 +361,7 @@ def _refit_from_larger_noise(model, x, y, history: FitHistory, optimizer, max_it
     Streamed targets (``y`` None) are taken as standardised, variance 1: every process of a
     distributed fit must start the refit from the same σ²."""
     at_bound = (_current_loss(model, x, y), copy.deepcopy(model.state_dict()))
-    model.likelihood.noise = 0.1 * (float(y.var()) if y is not None and y.numel() > 1 else 1.0)
+    set_noise(model, 0.1 * (float(y.var()) if y is not None and y.numel() > 1 else 1.0))
     bar.total += max_iter
     losses, converged = _optimize(model, x, y, optimizer, max_iter, lr, tolerance, bar)
     try:

@@ -29,7 +29,7 @@ def test_public_surface_is_small():
     assert set(alacarte.__all__) == {
         "FeatureKernel", "FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "RandomFourierKernel",
         "SSGPRKernel", "SpectralMixtureFastfoodKernel", "PiecewiseLinearRadialKernel", "FeatureGP", "ExactRBFGP",
-        "WoodburyMarginalLogLikelihood", "fit", "AlaCarteRegressor", "load_uci",
+        "WoodburyMarginalLogLikelihood", "fit", "AlaCarteRegressor", "list_uci", "load_uci",
         "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier", "DerivativeSelector",
     }
 
@@ -136,6 +136,9 @@ def with_value(t, index, value):
         (lambda x: x[:, :2], None, "x has 2 columns but the model expects 3"),
         (lambda x: x.unsqueeze(0), None, r"x must have shape \(n, d\)"),
         (None, lambda y: torch.stack([y, y], 1), r"y must have shape \(n,\)"),
+        # One row or a constant target: the likelihood grows without bound as the variances go to 0.
+        (lambda x: x[:1], lambda y: y[:1], "at least 2 training rows.*got n_samples = 1"),
+        (None, lambda y: torch.full_like(y, 3.0), "y is constant"),
     ],
 )
 def test_fit_rejects_bad_data(x_mod, y_mod, message):
@@ -166,8 +169,18 @@ def test_fit_rejects_bad_settings():
         fit(feature_model(), x, y, optimizer="sgd")
     with pytest.raises(ValueError, match="max_iter"):
         fit(feature_model(), x, y, max_iter=0)
-    with pytest.raises(ValueError, match="lr"):
-        fit(feature_model(), x, y, lr=-1.0)
+    for bad_lr in (-1.0, float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="lr must be a positive finite number"):
+            fit(feature_model(), x, y, lr=bad_lr)
+    for bad_seed in (-1, 1.5, "0", 2**64):
+        with pytest.raises(ValueError, match="seed must be None or an integer"):
+            fit(feature_model(), x, y, seed=bad_seed)
+    with pytest.raises(ValueError, match="tolerance"):
+        fit(feature_model(), x, y, tolerance=float("nan"))
+    with pytest.raises(ValueError, match="num_dims must be a positive integer"):
+        ExactRBFGP(None, None, num_dims=0)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        fit(feature_model().half(), x, y)
     with pytest.raises(ValueError, match="FeatureKernel"):
         FeatureGP(None, None, gpytorch.kernels.RBFKernel())
     with pytest.raises(ValueError, match="homoskedastic"):
@@ -238,12 +251,10 @@ def test_a_constant_column_is_centred_not_divided_by_round_off():
         assert float(m.internal_inputs(x)[:, 1].abs().max()) < 1e-15
     constant_y = torch.full_like(y, 1 / 3)
     assert float(constant_y.std()) > 0
-    for m in (model, streamed):
-        if m is model:
-            m.standardize(x, constant_y)
-        else:
-            m.set_standardization(*ChunkedData(x, constant_y, chunk_size=7).moments(m))
-        assert float(m.target_scale) == 1.0
+    model.standardize(x, constant_y)
+    assert float(model.target_scale) == 1.0
+    with pytest.raises(ValueError, match="y is constant"):  # fit refuses it (test_fit_rejects_bad_data); so do moments
+        ChunkedData(x, constant_y, chunk_size=7).moments(streamed)
 
 
 def test_standardisation_gives_original_units():
@@ -262,6 +273,34 @@ def test_standardisation_gives_original_units():
     manual_pred = manual.predict(xs)
     assert torch.allclose(pred.mean, manual_pred.mean * y.std() + y.mean(), rtol=1e-7, atol=1e-7)
     assert torch.allclose(pred.variance, manual_pred.variance * y.var(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
+@pytest.mark.parametrize("x_unit, y_unit", [(1e155, 1.0), (1.0, 1e200), (1e-160, 1e-200)])
+def test_predictions_are_equivariant_to_the_units_far_outside_the_range_squares_survive(make, x_unit, y_unit):
+    """Rescaling x and y rescales the predictions and nothing else, even where x² or y² overflow
+    or underflow (a naive standard deviation is then inf or 0: the fit failed, or was silently
+    wrong, scoring R² = 0)."""
+    x, y = toy_data(n=60)
+    plain, scaled = make(), make()
+    fit(plain, x, y, max_iter=5, restarts=1, restart_iter=2, progress=False)
+    fit(scaled, x * x_unit, y * y_unit, max_iter=5, restarts=1, restart_iter=2, progress=False)
+    a, b = plain.predict(x[:7]), scaled.predict(x[:7] * x_unit)
+    torch.testing.assert_close(b.mean / y_unit, a.mean, rtol=1e-8, atol=0)
+    if y_unit == 1.0:  # otherwise variances in y's units (y_unit² × O(1)) are beyond float64 themselves
+        torch.testing.assert_close(b.variance, a.variance, rtol=1e-6, atol=0)
+
+
+def test_model_call_in_eval_mode_takes_arrays_and_checks_them():
+    x, y = toy_data()
+    model = feature_model().eval()
+    with pytest.raises(ValueError, match="holds no training data: call alacarte.fit"):
+        model(x)
+    fit(model, x, y, max_iter=2, progress=False)
+    inner = model.internal_inputs(x[:4])
+    torch.testing.assert_close(model(inner.numpy()).mean, model(inner).mean, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="2 columns but the model expects 3"):
+        model(inner[:, :2])
 
 
 def test_exact_baseline_same_api_and_agrees_with_gpytorch():
@@ -401,6 +440,16 @@ def test_restarts_are_reproducible_and_keep_the_best(make):
     assert h1.restart_losses != h3.restart_losses  # another seed, other initialisations
     # training continued from the chosen restart: its first loss is that restart's loss
     assert abs(h1.loss[0] - h1.restart_losses[h1.chosen_restart]) < 1e-9
+
+
+def test_numpy_integers_are_integers():
+    """A grid search hands settings over as numpy integers."""
+    x, y = toy_data()
+    a, b = feature_model(), feature_model()
+    fit(a, x, y, max_iter=3, restarts=2, restart_iter=2, seed=4, progress=False)
+    fit(b, x, y, max_iter=np.int64(3), restarts=np.int64(2), restart_iter=np.int32(2), seed=np.uint32(4),
+        progress=False)
+    assert torch.equal(a.predict(x).mean, b.predict(x).mean)
 
 
 def test_fit_rejects_bad_restart_settings():

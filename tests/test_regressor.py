@@ -50,6 +50,24 @@ def test_pipeline_and_grid_search_over_kernels():
     assert grid.predict(x[:7]).shape == (7,)
 
 
+def test_grid_search_over_integer_settings_passes_numpy_integers():
+    x, y = data(n=40)
+    grid = GridSearchCV(AlaCarteRegressor(**{**SMALL, "max_iter": 3}), {"restarts": np.arange(1, 3)}, cv=2)
+    assert grid.fit(x, y).best_params_["restarts"] in (1, 2)
+
+
+@pytest.mark.parametrize("kernel", ["fsard", "exact-rbf"])
+def test_bad_targets_and_sample_counts_are_clear_errors(kernel):
+    x, y = data(n=20)
+    with pytest.raises(ValueError, match="y must be numeric"):
+        AlaCarteRegressor(kernel, **SMALL).fit(x, y.astype(str))
+    with pytest.raises(ValueError, match="y is constant"):
+        AlaCarteRegressor(kernel, **SMALL).fit(x, np.full(20, 3.0))
+    fitted = AlaCarteRegressor(kernel, **SMALL).fit(x, y)
+    with pytest.raises(ValueError, match="n_samples must be a positive integer"):
+        fitted.sample_y(x, n_samples=0)
+
+
 def test_unknown_kernel_name_is_a_clear_error():
     x, y = data(n=20)
     with pytest.raises(ValueError, match="kernel must be one of gm, pwl"):

@@ -10,7 +10,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from alacarte import SRFFRegressor
+from alacarte import DerivativeSelector, RFFNetRegressor, SRFFRegressor
 from alacarte.selection.srff import _median_neighbour_distance, _SRFFProblem, monotone_fista
 
 SMALL = dict(n_components=20, n_alphas=4, max_iter=5, fista_iter=5, random_state=0)
@@ -137,8 +137,6 @@ def test_refuses_to_choose_alpha_without_validation_rows():
 def test_srff_and_rffnet_only_centre_a_constant_column():
     """A column of 0.1s has a computed std of ~4e-17, not 0: dividing by it would turn
     round-off into an O(1) input. Both estimators give it scale 1 (shared rule)."""
-    from alacarte import RFFNetRegressor
-
     rng = np.random.default_rng(0)
     x = np.insert(rng.standard_normal((60, 2)), 1, 0.1, axis=1)
     assert 0 < x[:, 1].std() < 1e-15  # the round-off the rule is for
@@ -153,11 +151,25 @@ def test_srff_and_rffnet_only_centre_a_constant_column():
 def test_rffnet_only_centres_a_constant_target():
     """The same rule for y: np.std of 60 copies of 1/3 is 1.1e-16; dividing the centred
     targets (round-off) by it would give the network O(1) noise to fit."""
-    from alacarte import RFFNetRegressor
-
     x = np.random.default_rng(0).standard_normal((60, 2))
     y = np.full(60, 1 / 3)
     assert 0 < y.std() < 1e-15
     model = RFFNetRegressor(max_epochs=2, random_state=0).fit(x, y)
     assert model.y_scale_ == 1.0
     assert np.allclose(model.predict(x), 1 / 3, atol=1e-2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SRFFRegressor(n_components=16, n_alphas=3, max_iter=3, fista_iter=3, random_state=0),
+    lambda: RFFNetRegressor(n_random_features=16, max_epochs=3, random_state=0),
+    lambda: DerivativeSelector(tau=1e-3, max_iter=30, max_inner_iter=30),
+])
+def test_selection_estimators_take_float32_targets_and_refuse_strings(make):
+    """float32 targets are the float64 values they hold (a float32 y once met float64 features in a solve)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((80, 3))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(80)
+    y32 = y.astype(np.float32)
+    np.testing.assert_array_equal(make().fit(x, y32).predict(x[:5]), make().fit(x, y32.astype(np.float64)).predict(x[:5]))
+    with pytest.raises(ValueError, match="y must be numeric"):
+        make().fit(x, y.astype(str))

@@ -201,3 +201,7 @@ def test_streaming_refuses_bad_input(tmp_path):
         streamed_statistics(model, ChunkedData([(x[:, :2], y)]))
     with pytest.raises(ValueError, match="statistics_dtype"):
         ChunkedData(x, y, statistics_dtype=torch.float16)
+    with pytest.raises(ValueError, match="y is constant"):
+        alacarte.fit(model, x, torch.full_like(y, 2.0), chunk_size=10, progress=False)
+    with pytest.raises(ValueError, match="at least 2 training rows.*got n_samples = 1"):
+        alacarte.fit(model, x[:1], y[:1], chunk_size=10, progress=False)

@@ -174,7 +174,7 @@ def load_uci(name: str, split: int, data_dir: str | os.PathLike | None = None) -
     Example:
         >>> s = load_uci("yacht", 0, "../shared/uci")
         >>> s.x_train.shape, s.x_test.shape
-        ((277, 6), (31, 6))
+        ((278, 6), (30, 6))
     """
     folder = canonical_name(name)
     if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 0 <= split < UCI_NUM_SPLITS:

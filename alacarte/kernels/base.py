@@ -10,7 +10,7 @@ from gpytorch.priors import Prior
 from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator
 from torch import Tensor
 
-from .._validation import check_positive_int
+from .._validation import check_positive_int, check_seed
 from ..features.fourier import fourier_features
 from ..selection.simplex import project_to_simplex
 from ._params import ConstrainedParameter, register_constrained_parameter
@@ -23,9 +23,7 @@ def resolve_seed(seed: int | None) -> int:
     ``torch.manual_seed`` governs kernels created without one)."""
     if seed is None:
         return int(torch.randint(0, 2**62, (1,)).item())
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
-    return seed
+    return check_seed(seed)
 
 
 class FeatureKernel(Kernel):

@@ -66,7 +66,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._validation import column_standardization
+from .._validation import column_standardization, float64_targets
 
 __all__ = ["DerivativeSelector"]
 
@@ -195,6 +195,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     def fit(self, X, y) -> "DerivativeSelector":
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
+        y = float64_targets(y)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
         n, d = X.shape
         need = _memory_bytes(n, d)

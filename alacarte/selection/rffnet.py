@@ -41,7 +41,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 from torch import Tensor
 
-from .._validation import column_standardization
+from .._validation import column_standardization, float64_targets
 
 __all__ = ["RFFNetRegressor", "RFFNetClassifier"]
 
@@ -311,6 +311,7 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
 
     def fit(self, X, y) -> "RFFNetRegressor":
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
+        y = float64_targets(y)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
         y_mean, y_scale = column_standardization(y[:, None])  # a constant y is only centred
         self.y_mean_, self.y_scale_ = float(y_mean[0]), float(y_scale[0])

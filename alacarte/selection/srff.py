@@ -11,7 +11,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
-from .._validation import column_standardization
+from .._validation import column_standardization, float64_targets
 from .simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
@@ -253,6 +253,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         """Fit the model (and choose λ on a validation split when ``alpha`` is None)."""
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
+        y = float64_targets(y)
         n, d = X.shape
         rng = check_random_state(self.random_state)
         seeds = rng.randint(0, 2**31 - 1, size=3)
