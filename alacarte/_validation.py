@@ -73,7 +73,7 @@ def check_learnable_targets(n: int, y_min: float, y_max: float, name: str = "y")
 
 def _is_integer(value) -> bool:
     """Python and numpy integers (what a grid search passes), not bools."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_positive_int(value, name: str) -> int:
@@ -98,7 +98,7 @@ def check_seed(value, name: str = "seed") -> int | None:
 
 
 def check_positive_float(value, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not (
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
             math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)

@@ -27,6 +27,7 @@ import queue
 import resource
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -676,8 +677,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``alacarte bench`` with ``argv`` (default: the command line), errors handled as by the CLI."""
-    import sys
-
     from .cli import main as cli_main
 
     return cli_main(["bench", *(sys.argv[1:] if argv is None else argv)])

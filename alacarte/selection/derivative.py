@@ -195,8 +195,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     def fit(self, X, y) -> "DerivativeSelector":
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
-        y = float64_targets(y)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        y = float64_targets(y).reshape(-1)
         n, d = X.shape
         need = _memory_bytes(n, d)
         if need > self.max_memory_bytes:

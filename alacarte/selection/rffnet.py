@@ -311,8 +311,7 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
 
     def fit(self, X, y) -> "RFFNetRegressor":
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
-        y = float64_targets(y)
-        y = np.asarray(y, dtype=np.float64).reshape(-1)
+        y = float64_targets(y).reshape(-1)
         y_mean, y_scale = column_standardization(y[:, None])  # a constant y is only centred
         self.y_mean_, self.y_scale_ = float(y_mean[0]), float(y_scale[0])
         return self._fit_targets(X, (y - self.y_mean_) / self.y_scale_)
