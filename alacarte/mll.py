@@ -1,6 +1,7 @@
 """Marginal likelihood of feature-kernel GPs through the Woodbury identity."""
 from __future__ import annotations
 
+import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.mlls import ExactMarginalLogLikelihood
@@ -63,8 +64,13 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
 
     def forward(self, function_dist: MultivariateNormal, target: Tensor, *params, **kwargs) -> Tensor:
         phi = feature_root(function_dist)
-        residual = target - function_dist.mean
         num_data, num_features = phi.shape[-2:]
+        if target.dim() == 0 or target.shape[-1] != num_data:
+            raise ValueError(f"target must have shape (*batch, n) with n = {num_data} rows of the prior, "
+                             f"got {tuple(target.shape)}")
+        if not bool(torch.isfinite(target).all()):
+            raise ValueError("target contains non-finite values (NaN or inf)")
+        residual = target - function_dist.mean
         if num_data < num_features:
             loss = negative_log_marginal_likelihood_of_rows(phi, residual, homoskedastic_noise(self.likelihood))
             return self._add_other_terms(-loss, params).div_(num_data)

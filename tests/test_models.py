@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import alacarte
-from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, RandomFourierKernel, fit
+from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, RandomFourierKernel, WoodburyMarginalLogLikelihood, fit
 from alacarte.streaming import ChunkedData
 from alacarte.woodbury import cholesky_with_jitter
 
@@ -561,8 +561,6 @@ def test_priors_on_our_constrained_parameters_enter_the_likelihood_and_survive_p
     constrained value) is added to the marginal likelihood, and the kernel still pickles."""
     import pickle
 
-    from alacarte.mll import WoodburyMarginalLogLikelihood
-
     torch.manual_seed(0)
     x, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, dtype=torch.float64)
     prior = gpytorch.priors.GammaPrior(2.0, 3.0)
@@ -584,3 +582,18 @@ def test_priors_on_our_constrained_parameters_enter_the_likelihood_and_survive_p
     assert isinstance(kernel.outputscale_prior, gpytorch.priors.GammaPrior)
     clone = pickle.loads(pickle.dumps(kernel))
     assert torch.equal(clone.outputscale, kernel.outputscale)
+
+
+def test_woodbury_likelihood_refuses_a_target_that_does_not_match_the_prior():
+    """GPyTorch's exact likelihood broadcasts an (n, 1) target into an n-batch of losses and
+    fails inside a subtraction on a wrong length; ours says what the target must be."""
+    x, y = toy_data(n=40)
+    model = FeatureGP(x, y, FSARDKernel(3, 8, ard_num_dims=3, seed=0)).double().train()
+    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    prior = model(x)
+    for bad in (y[:-1], y[:, None]):
+        with pytest.raises(ValueError, match=r"target must have shape \(\*batch, n\) with n = 40"):
+            mll(prior, bad)
+    with pytest.raises(ValueError, match="non-finite"):
+        mll(prior, with_value(y.clone(), 3, float("nan")))
+    torch.testing.assert_close(mll(prior, torch.stack([y, y]))[1], mll(prior, y))  # batches of targets still work
