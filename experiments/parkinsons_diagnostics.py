@@ -126,8 +126,9 @@ def render(path: Path, command: str) -> str:
                          "| | | | | | | | |")
         elif r["method"] in ("pwl", "gm"):
             lines.append(f"| {r['split']} | {r['method'].upper()}, σ² ≥ {r['noise_floor']} "
-                         f"(ended at {r['noise']}) | {MIXTURE_NUM_SAMPLES} | {r['max_iter']} | {r['rmse']} | {r['loss_per_point']} "
-                         f"| {r['iterations']} | {r['converged']} | {r['train_seconds']} | | | | |")
+                         f"(ended at {r['noise']}) | {MIXTURE_NUM_SAMPLES} | {r['max_iter']} | {r['rmse']} "
+                         f"| {r['loss_per_point']} | {r['iterations']} | {r['converged']} | {r['train_seconds']} "
+                         "| | | | |")
         else:
             lines.append(f"| {r['split']} | FSARD | {r['num_samples']} | {r['max_iter']} | {r['rmse']} "
                          f"| {r['loss_per_point']} | {r['iterations']} | {r['converged']} | {r['train_seconds']} "
