@@ -382,8 +382,11 @@ def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
     rarely the best model even when it has the best marginal likelihood:
     repeated rows are the usual cause (the likelihood takes copies for
     independent observations that agree, so σ² → 0 pays); docs/benchmarks.md
-    shows it on UCI wine.  :func:`fit` has already refitted from a larger
-    noise (the optimiser can stall at the bound) when this warns.
+    shows it on UCI wine.  Targets that truly have no noise are the other
+    case: there the bound (GPyTorch's default 1e-4 in standardised units) is
+    what stops the fit, as on UCI parkinsons.  :func:`fit` has already
+    refitted from a larger noise (the optimiser can stall at the bound) when
+    this warns.
     """
     at_bound = _noise_at_lower_bound(model)
     if at_bound is None:
@@ -398,7 +401,8 @@ def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
         f"the noise variance ended at its lower bound ({noise:.3g} ≤ 2×{bound:.1e} in standardised units): the "
         f"model interpolates its training targets, which generalises worse unless they are noise-free.{repeated} "
         "A refit from a larger noise did not leave the bound with a better likelihood. "
-        "Drop repeated rows, or raise the bound: GaussianLikelihood(noise_constraint=GreaterThan(...)).",
+        "Drop repeated rows, or raise the bound; for targets without noise, lower it (docs/benchmarks.md, "
+        "Parkinsons): GaussianLikelihood(noise_constraint=GreaterThan(...)).",
         RuntimeWarning,
         stacklevel=3,
     )
