@@ -309,11 +309,10 @@ class FeatureGP(_StandardizedGP):
         self.eval()
         posterior = self.posterior()
         self.train(was_training)
-        generator = torch.Generator(device=posterior.weights.device)
-        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+        # Drawn on the CPU and moved, so a seed gives the same functions on every device.
+        generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
         dim = posterior.weights.shape[-1]
-        z = torch.randn(dim, num_samples, generator=generator, dtype=posterior.weights.dtype,
-                        device=posterior.weights.device)
+        z = torch.randn(dim, num_samples, generator=generator, dtype=posterior.weights.dtype).to(posterior.weights.device)
         # σ L⁻ᵀ z has covariance σ² (L Lᵀ)⁻¹ = σ² A⁻¹.
         spread = torch.linalg.solve_triangular(posterior.cholesky.transpose(-1, -2), z, upper=True)
         weights = posterior.weights.unsqueeze(-1) + posterior.noise.sqrt() * spread
