@@ -42,7 +42,7 @@ SUBJECT, AGE, TEST_TIME = 0, 1, 3
 VOICE = slice(4, None)
 FIELDS = ["split", "method", "max_iter", "num_samples", "rmse", "loss_per_point", "iterations", "converged",
           "train_seconds", "ls_subject", "ls_age", "ls_test_time", "ls_voice_min", "ls_voice_max", "version",
-          "noise_floor", "noise"]
+          "noise_floor", "noise", "device"]
 MIXTURE_NUM_SAMPLES, MIXTURE_COMPONENTS = 512, 4  # the benchmark's D = 1024 and its C = Q for n ≥ 600
 
 
@@ -68,31 +68,32 @@ def _done(path: Path) -> set[tuple]:
         return {(int(r["split"]), r["method"], r["max_iter"], r["noise_floor"]) for r in csv.DictReader(fh)}
 
 
-def _fit_and_score(model, data, split: int, max_iter: int) -> dict:
-    """Fit with the benchmark's protocol (5 restarts × 15 iterations, then ``max_iter``); the row's
-    columns every fitted method fills (test RMSE, final loss, iterations, convergence, seconds)."""
+def _fit_and_score(model, data, split: int, max_iter: int, device: str) -> dict:
+    """Fit on ``device`` with the benchmark's protocol (5 restarts × 15 iterations, then ``max_iter``); the
+    row's columns every fitted method fills (test RMSE, final loss, iterations, convergence, seconds)."""
     import torch
 
+    model.to(device)  # built on the CPU, so its random frequencies are the CPU run's
     history = ac.fit(model, data.x_train, data.y_train, max_iter=max_iter, restarts=5, restart_iter=15,
                      seed=split, progress=False)
     pred = model.predict(data.x_test)
-    rmse = float((pred.mean - torch.as_tensor(data.y_test)).pow(2).mean().sqrt())
+    rmse = float((pred.mean.cpu() - torch.as_tensor(data.y_test)).pow(2).mean().sqrt())
     return {"rmse": f"{rmse:.4g}", "loss_per_point": f"{history.loss[-1]:.4f}", "iterations": history.iterations,
-            "converged": history.converged, "train_seconds": round(history.seconds, 1)}
+            "converged": history.converged, "train_seconds": round(history.seconds, 1), "device": device}
 
 
-def _fsard_row(data, split: int, num_samples: int, max_iter: int) -> dict:
+def _fsard_row(data, split: int, num_samples: int, max_iter: int, device: str) -> dict:
     from alacarte.factory import make_model
 
     model = make_model("fsard", data.x_train.shape[1], num_samples=num_samples, seed=split)
-    row = _fit_and_score(model, data, split, max_iter)
-    ls = model.covar_module.lengthscale.detach().reshape(-1).numpy()
+    row = _fit_and_score(model, data, split, max_iter, device)
+    ls = model.covar_module.lengthscale.detach().reshape(-1).cpu().numpy()
     return {**row, "ls_subject": f"{ls[SUBJECT]:.3g}", "ls_age": f"{ls[AGE]:.3g}",
             "ls_test_time": f"{ls[TEST_TIME]:.3g}", "ls_voice_min": f"{ls[VOICE].min():.3g}",
             "ls_voice_max": f"{ls[VOICE].max():.3g}"}
 
 
-def _floor_row(method: str, data, split: int, max_iter: int, noise_floor: float) -> dict:
+def _floor_row(method: str, data, split: int, max_iter: int, noise_floor: float, device: str) -> dict:
     from gpytorch.constraints import GreaterThan
     from gpytorch.likelihoods import GaussianLikelihood
 
@@ -102,8 +103,12 @@ def _floor_row(method: str, data, split: int, max_iter: int, noise_floor: float)
                         num_components=MIXTURE_COMPONENTS, seed=split).covar_module
     model = ac.FeatureGP(None, None, kernel,
                          GaussianLikelihood(noise_constraint=GreaterThan(noise_floor))).double()
-    row = _fit_and_score(model, data, split, max_iter)
+    row = _fit_and_score(model, data, split, max_iter, device)
     return {**row, "noise_floor": f"{noise_floor:g}", "noise": f"{float(model.likelihood.noise.detach()):.3g}"}
+
+
+def _seconds(row: dict) -> str:
+    return row["train_seconds"] + (f" ({row['device']})" if row["device"] not in ("", "cpu") else "")
 
 
 def render(path: Path, command: str) -> str:
@@ -116,7 +121,7 @@ def render(path: Path, command: str) -> str:
              "at M frequencies; loss = negative log marginal likelihood per point after the last iteration; "
              "lengthscales on standardised inputs. PWL and GM: the benchmark's D = 1024, C = Q = 4 and protocol "
              "with the noise variance bounded below by the floor given instead of GPyTorch's 1e-4 (standardised "
-             "units); σ² is where it ended.", "",
+             "units); σ² is where it ended. Train seconds are one CPU core's, or a GPU's where marked.", "",
              "| split | method | M | max_iter | test RMSE | loss / point | iterations | converged | train s "
              "| ℓ subject | ℓ age | ℓ test_time | ℓ voice (min–max) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -127,11 +132,11 @@ def render(path: Path, command: str) -> str:
         elif r["method"] in ("pwl", "gm"):
             lines.append(f"| {r['split']} | {r['method'].upper()}, σ² ≥ {r['noise_floor']} "
                          f"(ended at {r['noise']}) | {r['num_samples']} | {r['max_iter']} | {r['rmse']} "
-                         f"| {r['loss_per_point']} | {r['iterations']} | {r['converged']} | {r['train_seconds']} "
+                         f"| {r['loss_per_point']} | {r['iterations']} | {r['converged']} | {_seconds(r)} "
                          "| | | | |")
         else:
             lines.append(f"| {r['split']} | FSARD | {r['num_samples']} | {r['max_iter']} | {r['rmse']} "
-                         f"| {r['loss_per_point']} | {r['iterations']} | {r['converged']} | {r['train_seconds']} "
+                         f"| {r['loss_per_point']} | {r['iterations']} | {r['converged']} | {_seconds(r)} "
                          f"| {r['ls_subject']} | {r['ls_age']} | {r['ls_test_time']} "
                          f"| {r['ls_voice_min']}–{r['ls_voice_max']} |")
     return "\n".join(lines) + "\n"
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise-floor", type=float, default=1e-8, help="their lower bound on σ² (standardised)")
     parser.add_argument("--data", default=None, help="UCI data folder (default: $ALACARTE_DATA)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="torch device the fits run on (cpu or cuda)")
     parser.add_argument("--csv", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         for budget in args.budgets:
             if (split, "fsard", str(budget), "") in done:
                 continue
-            row = _fsard_row(data, split, args.num_samples, budget)
+            row = _fsard_row(data, split, args.num_samples, budget, args.device)
             append_row(args.csv, FIELDS, {"split": split, "method": "fsard", "max_iter": budget,
                                           "num_samples": args.num_samples, "version": version, **row})
             print(f"split {split} FSARD max_iter {budget}: {row}", flush=True)
@@ -176,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             for budget in args.floor_budgets:
                 if (split, method, str(budget), f"{args.noise_floor:g}") in done:
                     continue
-                row = _floor_row(method, data, split, budget, args.noise_floor)
+                row = _floor_row(method, data, split, budget, args.noise_floor, args.device)
                 append_row(args.csv, FIELDS, {"split": split, "method": method, "max_iter": budget,
                                               "num_samples": MIXTURE_NUM_SAMPLES, "version": version, **row})
                 print(f"split {split} {method} max_iter {budget}, noise floor {args.noise_floor:g}: {row}",
