@@ -18,6 +18,9 @@ re-run, so a killed run resumes) and rendered as a markdown table:
    from GPyTorch's 1e-4 (standardised units) to ``--noise-floor``: the targets are
    noise-free interpolations, and the benchmark's PWL and GM fits end at the 1e-4 bound.
 
+``--device cuda`` runs the fits on a GPU (each model built on the CPU and moved,
+as the benchmark does, so its random state is the CPU run's); rows record it.
+
     python experiments/parkinsons_diagnostics.py --splits 0-2 --num-samples 128 \
         --budgets 100 400 --floor-methods pwl gm --floor-budgets 1000 \
         --csv experiments/results/parkinsons.csv --out experiments/results/parkinsons.md
@@ -35,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import package_version, parse_splits  # noqa: E402
+from alacarte.benchmark import _check_device, package_version, parse_splits  # noqa: E402
 from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 
 SUBJECT, AGE, TEST_TIME = 0, 1, 3
@@ -157,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    try:
+        _check_device(args.device)
+    except ValueError as err:
+        parser.error(str(err))
     import torch
 
     torch.set_default_dtype(torch.float64)
