@@ -240,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
     datasets = [canonical_name(ds) for ds in args.datasets]
     _check_settings(args)
-    _check_device(args.device)
+    check_device(args.device)
     upgrade_csv(args.csv)
     done = {(r["dataset"], int(r["split"]), r["method"]) for r in read_rows(args.csv)}
     cfg = {"data": args.data, "num_samples": args.num_samples, "components": args.components,
@@ -287,7 +287,7 @@ def _check_settings(args: argparse.Namespace) -> None:
             raise ValueError(f"--components must be 'auto' or a positive integer, got {args.components!r}") from None
 
 
-def _check_device(name: str) -> None:
+def check_device(name: str) -> None:
     """Refuse a device the cells could not use before any cell starts (each would fail alone)."""
     import torch
 

@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import _check_device, package_version, parse_splits  # noqa: E402
+from alacarte.benchmark import check_device, package_version, parse_splits  # noqa: E402
 from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 
 SUBJECT, AGE, TEST_TIME = 0, 1, 3
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--splits", default="0-2")
     parser.add_argument("--num-samples", type=int, default=128)
-    parser.add_argument("--budgets", type=int, nargs="+", default=[100, 400], help="max_iter values for FSARD")
+    parser.add_argument("--budgets", type=int, nargs="*", default=[100, 400],
+                        help="max_iter values for FSARD (none given: no FSARD fits)")
     parser.add_argument("--floor-methods", nargs="*", default=[], choices=["pwl", "gm"],
                         help="kernels to fit with the lowered noise floor")
     parser.add_argument("--floor-budgets", type=int, nargs="*", default=[1000], help="their max_iter values")
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        _check_device(args.device)
+        check_device(args.device)
     except ValueError as err:
         parser.error(str(err))
     import torch
