@@ -45,7 +45,7 @@ __all__ = ["METHODS", "main", "run", "report"]
 
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
           "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version",
-          "iterations", "converged", "device", "peak_device_mb"]
+          "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor"]
 # (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
 # The columns the report reads in every row (results files written before the others existed lack those).
 _REPORTED_FIELDS = ("dataset", "split", "method", "rmse", "train_seconds", "peak_rss_mb", "max_iter")
@@ -55,6 +55,7 @@ ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
 PAPER_COLUMNS = {"exact-rbf": "RBF", "exact-ard": "ARD", "fsard": "FSARD", "gm": "GM", "pwl": "PWL",
                  "fsgbard": "FSGBARD", "ssgpr": "SSGPR"}
 EXACT_LIMIT = 2000  # the paper's exact GPs stop here; Fastfood expansions of the same kernels above
+DEFAULT_NOISE_FLOOR = 1e-4  # GPyTorch's GaussianLikelihood bound on σ² (standardised units); older rows ran at it
 DEFAULT_PAPER_TABLE = Path(__file__).resolve().parents[1] / "experiments" / "paper_table1.csv"
 
 
@@ -90,6 +91,7 @@ def _cell_process(index: int, cell: tuple, results) -> None:
 def _run_cell(cell: tuple) -> dict:
     dataset, split, method, cfg = cell
     import torch
+    from gpytorch.constraints import GreaterThan
 
     import alacarte as ac
     from alacarte.factory import make_model
@@ -104,8 +106,10 @@ def _run_cell(cell: tuple) -> dict:
     model_kind = model_name(method, n_train)
     components = mixture_components(cfg["components"], n_train)
     # Built on the CPU and then moved: the random frequencies are the same on every device.
-    model = make_model(model_kind, d, num_samples=cfg["num_samples"], num_components=components,
-                       seed=split).to(device)
+    model = make_model(model_kind, d, num_samples=cfg["num_samples"], num_components=components, seed=split)
+    if cfg["noise_floor"] != DEFAULT_NOISE_FLOOR:
+        model.likelihood.noise_covar.register_constraint("raw_noise", GreaterThan(cfg["noise_floor"]))
+    model = model.to(device)
     history = ac.fit(model, data.x_train, data.y_train, max_iter=cfg["max_iter"], restarts=cfg["restarts"],
                      restart_iter=cfg["restart_iter"], seed=split, progress=False)
     pred = model.predict(data.x_test)
@@ -122,7 +126,9 @@ def _run_cell(cell: tuple) -> dict:
                 num_features=0 if model_kind.startswith("exact") else 2 * cfg["num_samples"],
                 components=components if method in ("gm", "pwl") else "",
                 device=f"cuda: {torch.cuda.get_device_name(device)}" if on_gpu else device.type,
-                peak_device_mb=round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if on_gpu else "")
+                peak_device_mb=round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if on_gpu else "",
+                noise=float(model.likelihood.noise.detach().min()),
+                noise_floor=float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound))
 
 
 def package_version() -> str:
@@ -245,7 +251,8 @@ def run(args: argparse.Namespace) -> int:
     done = {(r["dataset"], int(r["split"]), r["method"]) for r in read_rows(args.csv)}
     cfg = {"data": args.data, "num_samples": args.num_samples, "components": args.components,
            "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
-           "threads": args.threads, "device": args.device, "version": package_version()}
+           "threads": args.threads, "device": args.device, "noise_floor": args.noise_floor,
+           "version": package_version()}
     cells = [(ds, s, m, cfg) for ds in datasets for s in parse_splits(args.splits) for m in args.methods
              if (ds, s, m) not in done]
     if args.limit is not None:
@@ -280,6 +287,8 @@ def _check_settings(args: argparse.Namespace) -> None:
         check_nonnegative_int(args.limit, "--limit")
     if args.time_budget is not None:
         check_positive_float(args.time_budget, "--time-budget")
+    if check_positive_float(args.noise_floor, "--noise-floor") >= 1:
+        raise ValueError(f"--noise-floor must be below 1, the standardised targets' variance, got {args.noise_floor!r}")
     if args.components != "auto":
         try:
             check_positive_int(int(args.components), "--components")
@@ -373,19 +382,21 @@ def _fmt(mean: float, std: float) -> str:
 
 
 class Column(NamedTuple):
-    """A report column: a method, its number of features D and its max_iter when the rows hold it
-    at several, and ``cuda`` for rows fitted on a GPU (their seconds are not the CPU's)."""
+    """A report column: a method, its number of features D, its max_iter and its noise floor when
+    the rows hold it at several, and ``cuda`` for rows fitted on a GPU (their seconds are not the CPU's)."""
     method: str
     features: int | None = None
     max_iter: int | None = None
     gpu: bool = False
+    noise_floor: float | None = None
 
     def __str__(self) -> str:
         return " ".join([self.method, *([f"D={self.features}"] if self.features else []),
-                         *([f"max_iter={self.max_iter}"] if self.max_iter else []), *(["cuda"] if self.gpu else [])])
+                         *([f"max_iter={self.max_iter}"] if self.max_iter else []),
+                         *([f"σ²≥{self.noise_floor:g}"] if self.noise_floor else []), *(["cuda"] if self.gpu else [])])
 
     def order(self) -> tuple:
-        return METHODS.index(self.method), self.features or 0, self.max_iter or 0, self.gpu
+        return METHODS.index(self.method), self.features or 0, self.max_iter or 0, -(self.noise_floor or 1), self.gpu
 
 
 def _features(row: dict) -> int:
@@ -393,21 +404,29 @@ def _features(row: dict) -> int:
     return int(row.get("num_features") or 0)
 
 
+def _noise_floor(row: dict) -> float:
+    """The row's lower bound on σ²; rows from before the column existed ran at GPyTorch's."""
+    return float(row.get("noise_floor") or DEFAULT_NOISE_FLOOR)
+
+
 def _column_of(rows: list[dict]):
     """A function giving each row its report column: results files of several protocols in one
-    report give a method found at several D (or several max_iter) one column per setting
-    (``gm D=4096``, ``gm D=4096 max_iter=300``).  Exact GPs (no features) never split by D."""
-    sizes, iterations = defaultdict(set), defaultdict(set)
+    report give a method found at several D (or several max_iter, or noise floors) one column per
+    setting (``gm D=4096``, ``gm D=4096 max_iter=300``, ``pwl σ²≥1e-08``).  Exact GPs (no features)
+    never split by D."""
+    sizes, iterations, floors = defaultdict(set), defaultdict(set), defaultdict(set)
     for r in rows:
         if _features(r):
             sizes[r["method"]].add(_features(r))
         iterations[r["method"]].add(int(r["max_iter"]))
+        floors[r["method"]].add(_noise_floor(r))
 
     def column(r: dict) -> Column:
         features = _features(r)
         return Column(r["method"], features if len(sizes[r["method"]]) > 1 and features else None,
                       int(r["max_iter"]) if len(iterations[r["method"]]) > 1 else None,
-                      (r.get("device") or "cpu").startswith("cuda"))
+                      (r.get("device") or "cpu").startswith("cuda"),
+                      _noise_floor(r) if len(floors[r["method"]]) > 1 else None)
     return column
 
 
@@ -431,6 +450,7 @@ def report(args: argparse.Namespace) -> str:
     rmse, seconds, memory, gpu_memory = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
     ran_as_fastfood = set()  # (dataset, column) keys of exact GPs fitted as Fastfood expansions (n ≥ 2000)
     converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
+    at_floor = defaultdict(list)  # likewise
     for r in rows:
         key = (r["dataset"], column_of(r))
         rmse[key].append(float(r["rmse"]))
@@ -442,6 +462,8 @@ def report(args: argparse.Namespace) -> str:
             ran_as_fastfood.add(key)
         if r.get("converged"):
             converged[key].append(r["converged"] == "True")
+        if r.get("noise"):  # within twice the bound, as fit's warning has it
+            at_floor[key].append(float(r["noise"]) <= 2 * _noise_floor(r))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = sorted({column for _, column in rmse}, key=Column.order)
     paper_methods = [m for m in METHODS if m in PAPER_COLUMNS and any(c.method == m for c in methods)]
@@ -449,7 +471,8 @@ def report(args: argparse.Namespace) -> str:
     lines = [f"Command: `{args.command}`" if args.command else "", "",
              "Test RMSE, mean ± std over splits (number of splits in brackets when fewer than 10), and under it "
              "the mean training seconds · peak resident MB of one cell's process (and, where recorded, how many "
-             "fits converged before max_iter). **Bold**: the best mean of the "
+             "fits converged before max_iter, and how many ended with the noise variance at its lower bound, "
+             "σ² ≤ 2 × floor). **Bold**: the best mean of the "
              "row, ours or the paper's (À la carte Table 1). `exact-*` run as Fastfood expansions at n ≥ 2000 "
              "(marked ff), as in the paper."
              + (" Columns marked cuda ran on a GPU: GPU seconds, and the peak GPU memory allocated after the "
@@ -486,6 +509,8 @@ def report(args: argparse.Namespace) -> str:
             marker = " ff" if (ds, m) in ran_as_fastfood else ""
             ended = converged[(ds, m)]
             fits = f" · {sum(ended)}/{len(ended)} converged" if ended else ""
+            if any(at_floor[(ds, m)]):
+                fits += f" · {sum(at_floor[(ds, m)])}/{len(at_floor[(ds, m)])} at the noise floor"
             on_gpu = f" · {np.mean(gpu_memory[(ds, m)]):.0f} MB GPU" if gpu_memory[(ds, m)] else ""
             cells.append(f"{text}{marker}<br><sub>{np.mean(seconds[(ds, m)]):.0f} s · "
                          f"{np.mean(memory[(ds, m)]):.0f} MB{on_gpu}{fits}</sub>")
@@ -662,6 +687,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     r.add_argument("--device", default="cpu", help="torch device of every cell: cpu, or cuda[:index] (its rows "
                                                    "get a column of their own in the report)")
+    r.add_argument("--noise-floor", type=float, default=DEFAULT_NOISE_FLOOR,
+                   help="lower bound on the noise variance σ² in standardised units (default: GPyTorch's)")
     r.add_argument("--time-budget", type=float, default=None, help="seconds per cell before it is stopped")
     r.add_argument("--limit", type=int, default=None, help="run at most this many cells (testing)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar; one line per cell")

@@ -39,6 +39,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert results(resumed) == results(whole)
     for row in map(dict, results(whole)):  # how each fit ended is recorded with it
         assert int(row["iterations"]) >= 1 and row["converged"] in ("True", "False")
+        assert float(row["noise_floor"]) == 1e-4 and float(row["noise"]) > 1e-4
     report = subprocess.run([sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "report", "--csv",
                              str(whole)], check=True, capture_output=True, text=True, timeout=60).stdout
     assert "| yacht |" in report and "0.13 ± 0.06" in report  # the paper's FSARD value beside ours
@@ -173,13 +174,14 @@ def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ou
 
 
 def _result(path, dataset, split, method, rmse, num_features=1024, model=None, max_iter=100, device="cpu",
-            peak_device_mb=""):
+            peak_device_mb="", noise="", noise_floor=""):
     from alacarte.benchmark import append_row
 
     append_row(path, {"dataset": dataset, "split": split, "method": method, "model": model or method, "status": "ok",
                       "rmse": rmse, "nlpd": 0.0, "train_seconds": 3.0, "peak_rss_mb": 300.0, "n_train": 1439,
                       "d": 11, "num_features": num_features, "components": 4, "restarts": 5, "max_iter": max_iter,
-                      "seed": split, "version": "0", "device": device, "peak_device_mb": peak_device_mb})
+                      "seed": split, "version": "0", "device": device, "peak_device_mb": peak_device_mb,
+                      "noise": noise, "noise_floor": noise_floor})
 
 
 @pytest.mark.parametrize("ours, printed, matched", [(0.474, "0.47 ≤ 0.47", 1), (0.476, "0.48 > 0.47", 0)])
@@ -259,6 +261,34 @@ def test_a_longer_training_run_gets_its_own_column_and_is_not_averaged_with_the_
             in text)
     assert "| wine | 0.45 (gm max_iter=300) | 0.47 (ARD) | 0.96 | 0.45 ≤ 0.47 | -0.7 | — |" in text
     assert "| wine | 0.96 [2] | 0.85 [2] | 1.08 [2] |" in text
+
+
+def test_a_lower_noise_floor_is_applied_recorded_and_reported_in_a_column_of_its_own(tmp_path):
+    """``--noise-floor`` bounds σ² in the fitted model itself (the row reads the bound back from
+    it); rows at another floor, older rows without the column counted at GPyTorch's, are another
+    protocol, and fits ending at their floor are counted in the report."""
+    from gpytorch.likelihoods import GaussianLikelihood
+
+    from alacarte.benchmark import DEFAULT_NOISE_FLOOR
+    from alacarte.cli import main
+
+    assert float(GaussianLikelihood().noise_covar.raw_noise_constraint.lower_bound) == pytest.approx(DEFAULT_NOISE_FLOOR)
+    lowered = tmp_path / "lowered.csv"
+    run(lowered, "--noise-floor", "1e-7", "--limit", "2")
+    for row in read_rows(lowered):
+        assert float(row["noise_floor"]) == pytest.approx(1e-7, rel=1e-12) and float(row["noise"]) > 1e-7
+
+    path = tmp_path / "rows.csv"
+    for split, (a, b) in enumerate([(0.50, 0.45), (0.52, 0.47)]):
+        _result(path, "wine", split, "pwl", a)  # an older row: no noise recorded
+        _result(path, "wine", split, "pwl", b, noise=[2e-8, 0.01][split], noise_floor=1e-8)
+        _result(path, "wine", split, "gm", a + 0.1, noise=[1.5e-4, 0.2][split], noise_floor=1e-4)
+    assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
+    text = (tmp_path / "r.md").read_text()
+    assert "| dataset | n train | gm | pwl σ²≥0.0001 | pwl σ²≥1e-08 | GM (paper) | PWL (paper) |" in text
+    assert ("| wine | 1439 | 0.61 ± 0.01 [2]<br><sub>3 s · 300 MB · 1/2 at the noise floor</sub> "
+            "| 0.51 ± 0.01 [2]<br><sub>3 s · 300 MB</sub> "
+            "| **0.46 ± 0.01 [2]**<br><sub>3 s · 300 MB · 1/2 at the noise floor</sub> |") in text
 
 
 def test_gpu_rows_get_their_own_column_with_their_gpu_memory(tmp_path):
@@ -370,6 +400,9 @@ def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp
     (["--max-iter", "0"], "--max-iter must be a positive integer"),
     (["--threads", "0"], "--threads must be a positive integer"),
     (["--components", "x"], "--components must be 'auto' or a positive integer"),
+    (["--noise-floor", "0"], "--noise-floor must be a positive finite number"),
+    (["--noise-floor", "nan"], "--noise-floor must be a positive finite number"),
+    (["--noise-floor", "1"], "--noise-floor must be below 1, the standardised targets' variance"),
 ])
 def test_settings_no_cell_could_run_with_are_refused_before_any_cell_runs(tmp_path, capsys, setting, message):
     from alacarte.cli import main
