@@ -412,8 +412,8 @@ def _noise_floor(row: dict) -> float:
 def _column_of(rows: list[dict]):
     """A function giving each row its report column: results files of several protocols in one
     report give a method found at several D (or several max_iter, or noise floors) one column per
-    setting (``gm D=4096``, ``gm D=4096 max_iter=300``, ``pwl σ²≥1e-08``).  Exact GPs (no features)
-    never split by D."""
+    setting (``gm D=4096``, ``gm D=4096 max_iter=300``, ``pwl σ²≥1e-08``).  A floor other than
+    GPyTorch's is always named.  Exact GPs (no features) never split by D."""
     sizes, iterations, floors = defaultdict(set), defaultdict(set), defaultdict(set)
     for r in rows:
         if _features(r):
@@ -426,7 +426,8 @@ def _column_of(rows: list[dict]):
         return Column(r["method"], features if len(sizes[r["method"]]) > 1 and features else None,
                       int(r["max_iter"]) if len(iterations[r["method"]]) > 1 else None,
                       (r.get("device") or "cpu").startswith("cuda"),
-                      _noise_floor(r) if len(floors[r["method"]]) > 1 else None)
+                      _noise_floor(r) if len(floors[r["method"]]) > 1 or _noise_floor(r) != DEFAULT_NOISE_FLOOR
+                      else None)
     return column
 
 

@@ -277,6 +277,8 @@ def test_a_lower_noise_floor_is_applied_recorded_and_reported_in_a_column_of_its
     run(lowered, "--noise-floor", "1e-7", "--limit", "2")
     for row in read_rows(lowered):
         assert float(row["noise_floor"]) == pytest.approx(1e-7, rel=1e-12) and float(row["noise"]) > 1e-7
+    assert main(["bench", "report", "--csv", str(lowered), "--out", str(tmp_path / "lowered.md")]) == 0
+    assert "| dataset | n train | exact-ard σ²≥1e-07 | fsard σ²≥1e-07 |" in (tmp_path / "lowered.md").read_text()
 
     path = tmp_path / "rows.csv"
     for split, (a, b) in enumerate([(0.50, 0.45), (0.52, 0.47)]):
