@@ -348,11 +348,16 @@ def fit(
     return history
 
 
+def noise_at_bound(noise: float, bound: float) -> bool:
+    """Whether σ² = ``noise`` has ended at its lower ``bound``: within twice it (where :func:`fit` refits and warns)."""
+    return bound > 0 and noise <= 2 * bound
+
+
 def _noise_at_lower_bound(model) -> tuple[float, float] | None:
-    """(σ², its lower bound) when σ² is within twice the bound, else ``None``."""
+    """(σ², its lower bound) when σ² is at the bound (:func:`noise_at_bound`), else ``None``."""
     bound = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
     noise = float(model.likelihood.noise.detach().min())
-    return (noise, bound) if bound > 0 and noise <= 2 * bound else None
+    return (noise, bound) if noise_at_bound(noise, bound) else None
 
 
 def _refit_from_larger_noise(model, x, y, history: FitHistory, optimizer, max_iter, lr, tolerance, bar) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from alacarte.benchmark import DEFAULT_NOISE_FLOOR, read_rows  # noqa: E402
+from alacarte.benchmark import ended_at_noise_floor, noise_floor_of, read_rows  # noqa: E402
 
 PROTOCOL = ("num_features", "components", "restarts", "max_iter")
 BUCKETS = (1e-6, 1e-3, 1e-2)
@@ -31,14 +31,9 @@ def _cells(paths: list[str]) -> dict:
     for path in paths:
         for r in read_rows(path):
             if r["status"] == "ok":
-                floor = float(r.get("noise_floor") or DEFAULT_NOISE_FLOOR)
-                key = (r["dataset"], int(r["split"]), r["method"], *(r[k] for k in PROTOCOL), floor)
+                key = (r["dataset"], int(r["split"]), r["method"], *(r[k] for k in PROTOCOL), noise_floor_of(r))
                 cells[key] = r  # a cell in several files of one run: the last file's row
     return cells
-
-
-def _at_floor(row: dict) -> bool:
-    return bool(row.get("noise")) and float(row["noise"]) <= 2 * float(row["noise_floor"])
 
 
 def render(a_paths: list[str], b_paths: list[str], labels: tuple[str, str], command: str) -> str:
@@ -53,9 +48,10 @@ def render(a_paths: list[str], b_paths: list[str], labels: tuple[str, str], comm
         rel = abs(x - y) / x
         bucket = next((f"< {t:g}" for t in BUCKETS if rel < t), f"≥ {BUCKETS[-1]:g}")
         buckets[bucket] += 1
-        floor = _at_floor(a[key]) or _at_floor(b[key])
+        ended = [ended_at_noise_floor(a[key]), ended_at_noise_floor(b[key])]
+        floor = any(ended)
         floor_moved += floor and rel >= BUCKETS[-1]
-        noise_known += bool(a[key].get("noise") or b[key].get("noise")) and rel >= BUCKETS[-1]
+        noise_known += ended != [None, None] and rel >= BUCKETS[-1]
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {x:.6f} | {y:.6f} | {rel:.1e}{' (σ² at floor)' if floor else ''} "
                      f"| {float(a[key]['train_seconds']):.1f} | {float(b[key]['train_seconds']):.1f} "
                      f"| {a[key].get('version', '')} | {b[key].get('version', '')} |")
