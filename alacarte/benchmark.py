@@ -437,14 +437,32 @@ def _column_of(rows: list[dict]):
     return column
 
 
+def _results(path: str) -> list[dict]:
+    """A results file's rows, checked to hold numbers wherever the report reads one."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such results file")
+    try:
+        header, rows = _header(path), read_rows(path)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a text CSV file ({err})") from None
+    missing = [name for name in _REPORTED_FIELDS if name not in header]
+    if missing:
+        raise ValueError(f"{path} is not a benchmark results file: it lacks the column(s) {', '.join(missing)}")
+    for r in rows:
+        if r.get("status", "ok") != "ok":
+            continue
+        for name, number in (("split", int), ("max_iter", int), ("rmse", float), ("train_seconds", float),
+                             ("peak_rss_mb", float)):
+            try:
+                number(r[name])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}: the row of {r['dataset']}, split {r['split']}, {r['method']} has "
+                                 f"{name} = {r[name]!r}, not a number") from None
+    return rows
+
+
 def report(args: argparse.Namespace) -> str:
-    for path in args.csv:
-        if not os.path.isfile(path):
-            raise ValueError(f"{path}: no such results file")
-        missing = [name for name in _REPORTED_FIELDS if name not in _header(path)]
-        if missing:
-            raise ValueError(f"{path} is not a benchmark results file: it lacks the column(s) {', '.join(missing)}")
-    every_row = [r for path in args.csv for r in read_rows(path)]
+    every_row = [r for path in args.csv for r in _results(path)]
     if not every_row:
         raise ValueError(f"{', '.join(args.csv)} hold(s) no results yet: run `alacarte bench run` first")
     rows = [r for r in every_row if r.get("status", "ok") == "ok"]

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ._validation import check_positive_int
 from .datasets import make_se1
 from .factory import KERNEL_NAMES
 from .kernels import FeatureKernel, FSARDKernel
@@ -51,6 +52,8 @@ def _nlpd(pred, y: torch.Tensor) -> float:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    check_positive_int(args.n, "--n")
+    check_positive_int(args.n_test, "--n-test")
     torch.set_default_dtype(torch.float64)
     x, y, _ = make_se1(args.n + args.n_test, seed=args.seed)
     x, y = torch.as_tensor(x), torch.as_tensor(y)
@@ -114,8 +117,9 @@ def read_table(path: str | Path) -> tuple[list[str], np.ndarray]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "input contained no data": reported below
+            # comments=None: numpy's default '#' would silently drop or cut rows.
             values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64, quotechar='"',
-                                encoding="utf-8-sig")
+                                encoding="utf-8-sig", comments=None)
     except ValueError:
         values = None  # locate the offending cell for the message below
     if values is not None and values.size == 0:
@@ -131,7 +135,7 @@ def _raise_first_bad_cell(path: Path, names: list[str]) -> None:
         next(rows)
         for row in rows:
             line = rows.line_num
-            if not row or all(not cell.strip() for cell in row):
+            if not row:  # an empty line, which the reader skips too
                 continue
             if len(row) != len(names):
                 raise ValueError(f"{path} line {line}: {len(row)} fields, but the header has {len(names)}")
@@ -141,6 +145,8 @@ def _raise_first_bad_cell(path: Path, names: list[str]) -> None:
                 if not text:
                     raise ValueError(f"{where}: empty cell (missing values are not supported)")
                 try:
+                    if "_" in text:  # float() takes "1_000"; the reader does not
+                        raise ValueError
                     number = float(text)
                 except ValueError:
                     raise ValueError(f"{where}: {text!r} is not a number") from None

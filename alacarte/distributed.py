@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ._validation import check_nonnegative_int, check_positive_int
 from .streaming import ChunkedData
 from .training import FitHistory
 from .training import fit as _fit
@@ -75,6 +76,10 @@ def shard(num_rows: int, rank: int | None = None, world_size: int | None = None)
     (defaults: this process in the default group); sizes differ by at most one."""
     rank = dist.get_rank() if rank is None else rank
     world_size = dist.get_world_size() if world_size is None else world_size
+    check_nonnegative_int(num_rows, "num_rows")
+    check_positive_int(world_size, "world_size")
+    if check_nonnegative_int(rank, "rank") >= world_size:
+        raise ValueError(f"rank must be below world_size = {world_size}, got {rank}")
     base, extra = divmod(num_rows, world_size)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (rank < extra))

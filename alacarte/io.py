@@ -390,6 +390,8 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
             f"{path} has model-file format version {version} (written by alacarte "
             f"{header.get('alacarte_version', '?')}); this alacarte reads format version {FORMAT_VERSION}"
         )
+    if not (isinstance(header.get("body_bytes"), int) and isinstance(header.get("body_sha256"), str)):
+        raise ValueError(f"{path} is damaged: its header lacks the size or checksum of its data")
     body = data[start + header_bytes:]
     if len(body) != header["body_bytes"]:
         raise ValueError(f"{path} is truncated: {len(body)} of {header['body_bytes']} data bytes are present")
@@ -399,16 +401,23 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
         payload = torch.load(io.BytesIO(body), weights_only=True)
     except Exception as err:  # a checksummed body that torch cannot read: a foreign writer
         raise ValueError(f"{path} is damaged: its data cannot be read ({err})") from err
+    if not (isinstance(payload, dict) and isinstance(payload.get("record"), dict)):
+        raise ValueError(f"{path} is damaged: its data are not an alacarte model record")
     return header, payload
 
 
 def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP | AlaCarteRegressor, dict[str, Any]]:
     """:func:`load_model` plus the ``metadata`` given to :func:`save_model`."""
+    from . import __version__
+
     header, payload = _read(path)
-    if payload.get("kind") == "AlaCarteRegressor":
-        obj = _build_regressor(payload["record"])
-    else:
-        obj = _build_model(payload["record"])
+    build = _build_regressor if payload.get("kind") == "AlaCarteRegressor" else _build_model
+    try:
+        obj = build(payload["record"])
+    except (KeyError, TypeError, AttributeError, RuntimeError) as err:
+        # A checksummed file this version cannot rebuild: written by another alacarte, or by hand.
+        raise ValueError(f"{path} holds a model this alacarte ({__version__}) cannot rebuild "
+                         f"({type(err).__name__}: {err})") from err
     return obj, header.get("metadata", {})
 
 

@@ -22,7 +22,15 @@ from gpytorch.models import ExactGP
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import Tensor
 
-from ._validation import as_tensor, check_inputs, check_positive_int, check_scales_finite, check_targets, robust_std
+from ._validation import (
+    as_tensor,
+    check_inputs,
+    check_positive_int,
+    check_scales_finite,
+    check_seed,
+    check_targets,
+    robust_std,
+)
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
 from .streaming import ChunkedData, streamed_statistics
@@ -63,8 +71,7 @@ class FunctionSamples:
     @torch.no_grad()
     def __call__(self, x) -> Tensor:
         model = self._model
-        x, _ = model.check_data(x)
-        inner = model.internal_inputs(x)
+        inner = model.internal_query_inputs(x)
         f = model.mean_module(inner).unsqueeze(-1) + model.covar_module.features(inner) @ self.weights.T.to(inner.dtype)
         return (f * model.target_scale + model.target_offset).T
 
@@ -113,6 +120,17 @@ class _StandardizedGP(ExactGP):
     def internal_inputs(self, x: Tensor) -> Tensor:
         return (x - self.input_offset) / self.input_scale
 
+    def internal_query_inputs(self, x) -> Tensor:
+        """Test inputs (original units, validated) in the internal units, where they must stay finite."""
+        x, _ = self.check_data(x)
+        inner = self.internal_inputs(x)
+        overflowed = ~torch.isfinite(inner).all(-1)
+        if bool(overflowed.any()):
+            rows = overflowed.nonzero().flatten()[:5].tolist()
+            raise ValueError(f"x rows {rows} (first 5 shown) overflow to inf once standardised with the training "
+                             "data's scales: they lie too far outside the training data")
+        return inner
+
     def _model_dtype(self) -> torch.dtype:
         return self.input_offset.dtype
 
@@ -157,7 +175,7 @@ class _StandardizedGP(ExactGP):
                 "the model has no training data: call alacarte.fit(model, x, y) (or, for a FeatureGP, "
                 "model.cache_posterior(x, y)) first"
             )
-        x, _ = self.check_data(x)
+        inner = self.internal_query_inputs(x)
         if chunk_size is not None:
             check_positive_int(chunk_size, "chunk_size")
         was_training = self.training
@@ -166,9 +184,8 @@ class _StandardizedGP(ExactGP):
             with self.inference_settings():
                 rows = chunk_size or self._chunk_rows()
                 means, variances = [], []
-                for start in range(0, x.shape[0], rows):
-                    chunk = self.internal_inputs(x[start : start + rows])
-                    mean, var = self._predict_internal(chunk, mean_only)
+                for start in range(0, inner.shape[0], rows):
+                    mean, var = self._predict_internal(inner[start : start + rows], mean_only)
                     means.append(mean)
                     variances.append(var)
         finally:
@@ -310,6 +327,7 @@ class FeatureGP(_StandardizedGP):
         posterior = self.posterior()
         self.train(was_training)
         # Drawn on the CPU and moved, so a seed gives the same functions on every device.
+        seed = check_seed(seed)
         generator = torch.Generator().manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
         dim = posterior.weights.shape[-1]
         z = torch.randn(dim, num_samples, generator=generator, dtype=posterior.weights.dtype).to(posterior.weights.device)

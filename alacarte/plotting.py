@@ -57,8 +57,14 @@ def relevance(kernel: FeatureKernel) -> np.ndarray:
     return _numpy(kernel.relevance)
 
 
+def _check_names(kernel: FeatureKernel, names: list[str] | None) -> None:
+    if names is not None and len(names) != kernel.num_dims:
+        raise ValueError(f"names has {len(names)} entries but the kernel has {kernel.num_dims} inputs")
+
+
 def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None):
     """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM, titled ``names``)."""
+    _check_names(kernel, names)
     plt = _pyplot()
     if len(kernel.batch_shape):
         raise ValueError("plot_spectrum supports kernels without batch_shape")
@@ -105,6 +111,7 @@ def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None
 
 def plot_relevance(kernel: FeatureKernel, ax=None, names: list[str] | None = None):
     """Bar plot of :func:`relevance`; returns the axes."""
+    _check_names(kernel, names)
     plt = _pyplot()
     values = relevance(kernel)
     if ax is None:
@@ -121,15 +128,18 @@ def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | Non
                        names: list[str] | None = None) -> Path:
     """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``."""
     plt = _pyplot()
+    _check_names(kernel, names)
     panels = min(kernel.num_dims, _MAX_PANELS) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
     fig = plt.figure(figsize=(max(6, 3 * panels), 6.2))
-    grid = fig.add_gridspec(2, panels)
-    spectrum_axes = [fig.add_subplot(grid[0, j]) for j in range(panels)]
-    plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0], names=names)
-    plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]), names=names)
-    fig.suptitle(title or type(kernel).__name__)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        grid = fig.add_gridspec(2, panels)
+        spectrum_axes = [fig.add_subplot(grid[0, j]) for j in range(panels)]
+        plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0], names=names)
+        plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]), names=names)
+        fig.suptitle(title or type(kernel).__name__)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
     return path

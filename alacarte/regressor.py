@@ -11,7 +11,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import check_positive_int, float64_targets
+from ._validation import check_positive_int, check_seed, float64_targets
 from .factory import KERNEL_NAMES, make_model
 from .kernels import FeatureKernel
 from .models import FeatureGP
@@ -23,7 +23,7 @@ __all__ = ["AlaCarteRegressor"]
 def _as_seed(random_state) -> int:
     """An int seed: ints are used as they are, anything else draws one (sklearn style)."""
     if isinstance(random_state, (int, np.integer)) and not isinstance(random_state, bool):
-        return int(random_state)
+        return check_seed(random_state, "random_state")
     return int(check_random_state(random_state).randint(np.iinfo(np.int32).max))
 
 
@@ -193,7 +193,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         model.eval()
         # debug off: GPyTorch warns when test inputs equal the training inputs, a legitimate query here.
         with model.inference_settings(), gpytorch.settings.debug(False):
-            posterior = model(model.internal_inputs(x))
+            posterior = model(model.internal_query_inputs(x))
             mean = posterior.mean * model.target_scale + model.target_offset
             cov = posterior.covariance_matrix * model.target_scale**2
         if include_noise:
@@ -210,11 +210,12 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         """
         x = self._test_inputs(X)
         check_positive_int(n_samples, "n_samples")
+        seed = _as_seed(random_state)
         model = self.model_
         if isinstance(model, FeatureGP):
-            return model.sample_functions(n_samples, seed=_as_seed(random_state))(x).T.numpy()
+            return model.sample_functions(n_samples, seed=seed)(x).T.numpy()
         mean, cov = self._mean_and_covariance(x, include_noise=False)
-        return check_random_state(random_state).multivariate_normal(mean, cov, n_samples).T
+        return np.random.default_rng(seed).multivariate_normal(mean, cov, n_samples).T
 
     @property
     def relevance_(self) -> np.ndarray:

@@ -170,6 +170,27 @@ class FeatureKernelTestCase(BaseKernelTestCase):
         with self.assertRaisesRegex(ValueError, "num_dims"):
             self.make_kernel(0)
 
+    def test_parameters_set_outside_their_constraints_are_value_errors(self):
+        """On a bound the raw parameter is ±∞ (a positive one set to 0: raw −∞, NaN gradients)."""
+        from alacarte.kernels._params import ConstrainedParameter
+
+        kernel = self.make_kernel(3, ard_num_dims=3 if self.supports_ard else None).double()
+        names = [n for n, _ in kernel.named_parameters() if n.startswith("raw_") and "." not in n]
+        names = [n[4:] for n in names if isinstance(getattr(type(kernel), n[4:], None), ConstrainedParameter)
+                 or n == "raw_lengthscale"]
+        self.assertTrue(names)
+        for name in names:
+            before = getattr(kernel, name).detach().clone()
+            constraint = getattr(kernel, f"raw_{name}_constraint")
+            for bad in (constraint.lower_bound.item(), float("nan"), -1.0):
+                with self.assertRaisesRegex(ValueError, f"{name} must be finite and strictly inside"):
+                    setattr(kernel, name, bad)
+            with self.assertRaisesRegex(ValueError, f"{name} has shape .* does not broadcast"):
+                setattr(kernel, name, torch.full((before.numel() + 1,), 0.5, dtype=torch.float64))
+            self.assertTrue(torch.equal(getattr(kernel, name), before), name)
+            setattr(kernel, name, before.flatten())  # as many values as the parameter: taken in its shape
+            self.assertTrue(torch.allclose(getattr(kernel, name), before, rtol=1e-12), name)
+
     def test_rejects_wrong_input_dimension(self):
         kernel = self.make_kernel(3)
         with self.assertRaisesRegex(ValueError, "3 input dimensions"):

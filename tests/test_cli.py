@@ -108,6 +108,11 @@ def test_plot_writes_a_png(fitted, capsys):
     ("a,b,target\n", r"has a header but no data rows"),
     ("a,a,target\n1,2,3\n", r"column names must be unique"),
     ("target\n1\n2\n", r"no input columns besides the target"),
+    # '#' is no comment marker: a row that starts with it, or a cell that holds it, is an error, not dropped
+    ("a,b,target\n1,2,3\n#4,5,6\n", r"line 3, column 'a': '#4' is not a number"),
+    ("a,b,target\n1,2,3\n4,5,6 # note\n", r"line 3, column 'target': '6 # note' is not a number"),
+    ("a,b,target\n1,2,3\n   \n4,5,6\n", r"line 3: 1 fields, but the header has 3"),
+    ("a,b,target\n1_000,2,3\n", r"line 2, column 'a': '1_000' is not a number"),
 ])
 def test_bad_csv_files_fail_with_one_line(tmp_path, capsys, content, message):
     path = tmp_path / "bad.csv"
@@ -138,3 +143,9 @@ def test_bad_model_and_missing_columns_fail_with_one_line(fitted, tmp_path, caps
     assert main(["plot", no_b]) == 2
     err = capsys.readouterr().err
     assert "not an alacarte model file" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--n", "--n-test"])
+def test_demo_refuses_sizes_that_are_not_positive(flag, capsys):
+    assert main(["demo", flag, "-5", "-q"]) == 2
+    assert f"{flag} must be a positive integer, got -5" in capsys.readouterr().err

@@ -58,6 +58,17 @@ def test_shards_cover_the_rows_once():
         assert max(s.stop - s.start for s in shards) - min(s.stop - s.start for s in shards) <= 1
 
 
+@pytest.mark.parametrize("num_rows, rank, world_size, message", [
+    (10, 0, 0, "world_size must be a positive integer"),
+    (10, 3, 3, "rank must be below world_size = 3, got 3"),
+    (10, -1, 3, "rank must be a non-negative integer"),
+    (-1, 0, 2, "num_rows must be a non-negative integer"),
+])
+def test_impossible_shards_are_refused(num_rows, rank, world_size, message):
+    with pytest.raises(ValueError, match=message):
+        alacarte.distributed.shard(num_rows, rank, world_size)
+
+
 def test_two_gloo_processes_equal_one_process(tmp_path):
     results, _ = _launch("fit", tmp_path)
     for r in (0, 1):

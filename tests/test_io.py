@@ -1,4 +1,6 @@
 """Saved models: bit-identical reloads, atomic writes, clear errors on bad files."""
+import hashlib
+import io
 import json
 import os
 import signal
@@ -177,6 +179,51 @@ def test_bad_files_give_clear_errors(tmp_path):
     new_header = json.dumps(header).encode()
     future = MAGIC + struct.pack("<I", len(new_header)) + new_header + good[len(MAGIC) + 4 + header_len:]
     expect(future, f"format version {FORMAT_VERSION + 1} .*reads format version {FORMAT_VERSION}")
+
+
+def _rewritten(good: bytes, edit_header=None, body: bytes | None = None) -> bytes:
+    """``good`` with its header edited and/or its body replaced, checksums made to match again."""
+    header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
+    header = json.loads(good[len(MAGIC) + 4: len(MAGIC) + 4 + header_len])
+    body = good[len(MAGIC) + 4 + header_len:] if body is None else body
+    header.update(body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest())
+    if edit_header:
+        edit_header(header)
+    new_header = json.dumps(header).encode()
+    return MAGIC + struct.pack("<I", len(new_header)) + new_header + body
+
+
+def _torch_bytes(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_checksummed_files_with_foreign_content_are_value_errors(tmp_path):
+    """A file whose checksums match but whose content this version cannot rebuild (hand-made, or
+    written by another alacarte of the same format version) is a ValueError, not a KeyError."""
+    model = fitted_model()
+    good = save_model(model, tmp_path / "m.alacarte").read_bytes()
+    header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
+    payload = torch.load(io.BytesIO(good[len(MAGIC) + 4 + header_len:]), weights_only=True)
+    state = dict(payload["record"]["state_dict"])
+    state.pop(next(k for k in state if k.startswith("covar_module.raw_")))
+    incomplete = {**payload, "record": {**payload["record"], "state_dict": state}}
+    bad = tmp_path / "bad.alacarte"
+    cases = [
+        (_rewritten(good, lambda h: h.pop("body_bytes")), "lacks the size or checksum"),
+        (_rewritten(good, lambda h: h.pop("body_sha256")), "lacks the size or checksum"),
+        (_rewritten(good, body=_torch_bytes([1, 2])), "not an alacarte model record"),
+        (_rewritten(good, body=_torch_bytes({"kind": "model", "record": {}})), "cannot rebuild"),
+        (_rewritten(good, body=_torch_bytes(incomplete)), "cannot rebuild"),
+    ]
+    for content, message in cases:
+        bad.write_bytes(content)
+        with pytest.raises(ValueError, match=message):
+            load_model(bad)
+    bad.write_bytes(_rewritten(good))  # the helper itself keeps a good file good
+    x_test = data(n=4, seed=3)[0]
+    assert torch.equal(load_model(bad).predict(x_test).mean, model.predict(x_test).mean)
 
 
 def test_models_a_file_cannot_rebuild_are_refused(tmp_path):

@@ -163,6 +163,23 @@ def test_predict_rejects_bad_inputs():
         model.predict(np.array([["a", "b", "c"]]))
 
 
+@pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
+def test_a_finite_input_that_overflows_once_standardised_is_refused_not_spread_as_nan(make):
+    """1.7e308 is finite, (1.7e308 − offset)/scale is not: the exact GP's distance code centres a
+    chunk on its mean, so one such row used to turn every other row of the chunk into NaN."""
+    x, y = toy_data()
+    model = make()
+    fit(model, x / 10, y, max_iter=2, restarts=0, progress=False)  # input scales 0.2: 1.7e308 / 0.2 = inf
+    far = torch.tensor([[1.7e308, 0.0, 0.0], [0.5, 0.5, 0.5], [0.4, 0.6, 0.5]], dtype=torch.float64)
+    for query in (model.predict, lambda q: model.predict(q, mean_only=True)):
+        with pytest.raises(ValueError, match=r"x rows \[0\] .* overflow to inf once standardised"):
+            query(far)
+    assert torch.isfinite(model.predict(far[1:]).mean).all()
+    if isinstance(model, FeatureGP):
+        with pytest.raises(ValueError, match="overflow to inf"):
+            model.sample_functions(2, seed=0)(far)
+
+
 def test_fit_rejects_bad_settings():
     x, y = toy_data()
     with pytest.raises(ValueError, match="optimizer"):
@@ -554,6 +571,9 @@ def test_posterior_function_samples_match_the_predictive_moments():
     assert torch.equal(values, again)
     with pytest.raises(ValueError, match="num_samples"):
         model.sample_functions(0)
+    for seed in (-1, 1.5, 2**70):
+        with pytest.raises(ValueError, match=r"seed must be None or an integer in \[0, 2\*\*64\)"):
+            model.sample_functions(2, seed=seed)
 
 
 def test_priors_on_our_constrained_parameters_enter_the_likelihood_and_survive_pickling():

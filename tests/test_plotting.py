@@ -42,3 +42,14 @@ def test_figure_is_a_png(make, tmp_path):
 def test_unsupported_kernel_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="no spectrum picture for RandomFourierKernel"):
         save_kernel_figure(ac.RandomFourierKernel(2, 8, seed=0), tmp_path / "x.png")
+
+
+def test_names_that_do_not_match_the_inputs_are_a_clear_error_and_no_figure_is_left_open(tmp_path):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    kernel = ac.SpectralMixtureFastfoodKernel(3, 16, num_components=2, seed=0)
+    open_before = plt.get_fignums()
+    with pytest.raises(ValueError, match="names has 2 entries but the kernel has 3 inputs"):
+        save_kernel_figure(kernel, tmp_path / "x.png", names=["a", "b"])
+    with pytest.raises(ValueError, match="no spectrum picture"):
+        save_kernel_figure(ac.RandomFourierKernel(2, 8, seed=0), tmp_path / "y.png")
+    assert plt.get_fignums() == open_before and not list(tmp_path.iterdir())

@@ -66,6 +66,11 @@ def test_bad_targets_and_sample_counts_are_clear_errors(kernel):
     fitted = AlaCarteRegressor(kernel, **SMALL).fit(x, y)
     with pytest.raises(ValueError, match="n_samples must be a positive integer"):
         fitted.sample_y(x, n_samples=0)
+    with pytest.raises(ValueError, match="random_state"):  # the same for feature and exact models
+        fitted.sample_y(x, random_state=-1)
+    small = AlaCarteRegressor(kernel, **SMALL).fit(x / 100, y)  # scales ≪ 1: 1.7e308 standardises to inf
+    with pytest.raises(ValueError, match="x rows \\[0\\] .* overflow to inf"):
+        small.predict(np.vstack([np.full((1, x.shape[1]), 1.7e308), x[:2] / 100]), return_cov=True)
 
 
 def test_unknown_kernel_name_is_a_clear_error():

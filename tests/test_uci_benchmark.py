@@ -425,3 +425,12 @@ def test_report_refuses_a_missing_or_foreign_results_file(tmp_path, capsys):
     assert "missing.csv: no such results file" in capsys.readouterr().err
     assert main(["bench", "report", "--csv", str(foreign)]) == 2
     assert "is not a benchmark results file: it lacks the column(s) dataset" in capsys.readouterr().err
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"dataset,split\n\x80\x81\xff")
+    assert main(["bench", "report", "--csv", str(binary)]) == 2
+    assert "model.bin is not a text CSV file" in capsys.readouterr().err
+    garbled = tmp_path / "garbled.csv"
+    garbled.write_text("dataset,split,method,status,rmse,train_seconds,peak_rss_mb,max_iter\n"
+                       "yacht,0,gm,ok,abc,1.0,100,100\n")
+    assert main(["bench", "report", "--csv", str(garbled)]) == 2
+    assert "garbled.csv: the row of yacht, split 0, gm has rmse = 'abc', not a number" in capsys.readouterr().err

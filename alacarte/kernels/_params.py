@@ -36,11 +36,30 @@ def _get_constrained(name: str, module) -> Tensor:
     return getattr(module, name)
 
 
+def checked_value(name: str, value, constraint: Interval, raw: Tensor) -> Tensor:
+    """``value`` shaped as ``raw``, checked to lie strictly inside ``constraint``: on its bounds the
+    raw parameter would be ±∞ (a positive parameter set to 0 gives raw −∞ and NaN gradients)."""
+    value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
+    lower = constraint.lower_bound.to(value)
+    upper = constraint.upper_bound.to(value)
+    if not bool((torch.isfinite(value) & (value > lower) & (value < upper)).all()):
+        shown = value.tolist() if value.numel() <= 8 else f"a tensor of shape {tuple(value.shape)}"
+        raise ValueError(f"{name} must be finite and strictly inside ({lower.min().item():g}, "
+                         f"{upper.max().item():g}), got {shown}")
+    if value.numel() == raw.numel():
+        return value.reshape(raw.shape)
+    try:
+        return value.expand_as(raw)
+    except RuntimeError:
+        raise ValueError(f"{name} has shape {tuple(raw.shape)}: a value of shape {tuple(value.shape)} "
+                         "does not broadcast to it") from None
+
+
 def _set_constrained(name: str, module, value) -> None:
     raw = getattr(module, f"raw_{name}")
-    value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
     constraint = getattr(module, f"raw_{name}_constraint")
-    module.initialize(**{f"raw_{name}": constraint.inverse_transform(value).expand_as(raw)})
+    value = checked_value(name, value, constraint, raw)
+    module.initialize(**{f"raw_{name}": constraint.inverse_transform(value)})
 
 
 def register_constrained_parameter(

@@ -13,7 +13,7 @@ from torch import Tensor
 from .._validation import check_positive_int, check_seed
 from ..features.fourier import fourier_features
 from ..selection.simplex import project_to_simplex
-from ._params import ConstrainedParameter, register_constrained_parameter
+from ._params import ConstrainedParameter, checked_value, register_constrained_parameter
 
 __all__ = ["FeatureKernel", "MixtureFeatureKernel"]
 
@@ -148,7 +148,8 @@ class FeatureKernel(Kernel):
     @lengthscale.setter
     def lengthscale(self, value) -> None:
         if not self.simplex:
-            self._set_lengthscale(value)
+            self._set_lengthscale(checked_value("lengthscale", value, self.raw_lengthscale_constraint,
+                                                self.raw_lengthscale))
             return
         ref = self.simplex_weights
         gamma = 1.0 / torch.as_tensor(value, dtype=ref.dtype, device=ref.device)
