@@ -73,13 +73,15 @@ def init(timeout: float = 300.0, backend: str | None = None) -> None:
 
 def shard(num_rows: int, rank: int | None = None, world_size: int | None = None) -> slice:
     """The contiguous block of ``num_rows`` rows that process ``rank`` of ``world_size`` holds
-    (defaults: this process in the default group); sizes differ by at most one."""
+    (defaults: this process in the default group); sizes differ by at most one, and none is empty."""
     rank = dist.get_rank() if rank is None else rank
     world_size = dist.get_world_size() if world_size is None else world_size
     check_nonnegative_int(num_rows, "num_rows")
     check_positive_int(world_size, "world_size")
     if check_nonnegative_int(rank, "rank") >= world_size:
         raise ValueError(f"rank must be below world_size = {world_size}, got {rank}")
+    if num_rows < world_size:  # every rank raises alike, rather than one failing inside a collective
+        raise ValueError(f"{num_rows} rows cannot be sharded over {world_size} processes: each needs at least one")
     base, extra = divmod(num_rows, world_size)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (rank < extra))

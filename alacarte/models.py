@@ -33,7 +33,7 @@ from ._validation import (
 )
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
-from .streaming import ChunkedData, streamed_statistics
+from .streaming import as_chunked_data, streamed_statistics
 from .woodbury import WoodburyPosterior, sufficient_statistics
 
 __all__ = ["Prediction", "FeatureGP", "ExactRBFGP", "FunctionSamples"]
@@ -278,9 +278,8 @@ class FeatureGP(_StandardizedGP):
             >>> model.cache_posterior(np.load("x.npy", mmap_mode="r"), np.load("y.npy", mmap_mode="r"))
             >>> model.predict(x_test).mean
         """
-        data = x if isinstance(x, ChunkedData) else ChunkedData(
-            x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype
-        )
+        data = as_chunked_data(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
+                               statistics_dtype=statistics_dtype)
         self.eval()
         stats = streamed_statistics(self, data)
         self.train_inputs, self.train_targets = None, None

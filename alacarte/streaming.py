@@ -42,7 +42,7 @@ from ._validation import as_tensor, check_inputs, check_learnable_targets, check
 from .mll import WoodburyMarginalLogLikelihood
 from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "ChunkedData", "rows_per_chunk", "streamed_statistics", "streamed_negative_mll"]
+__all__ = ["DEFAULT_MEMORY_BUDGET", "ChunkedData", "as_chunked_data", "rows_per_chunk", "streamed_statistics", "streamed_negative_mll"]
 
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 # Rows gathered from the first chunks for the data-driven initialisation of restarts.
@@ -168,10 +168,14 @@ class ChunkedData:
             yield self._x, self._y, 0
             return
         start = 0
-        for item in self._x:
+        for index, item in enumerate(self._x):
             if not (isinstance(item, (tuple, list)) and len(item) == 2):
                 raise ValueError(f"each chunk must be an (x, y) pair, got {type(item).__name__}")
             x_c, y_c = item
+            for name, part in (("x", x_c), ("y", y_c)):
+                if getattr(part, "ndim", 1) == 0 or not hasattr(part, "__len__"):
+                    raise ValueError(f"{name} of chunk {index} is a scalar, not a batch of rows (a DataLoader "
+                                     "must batch its samples: batch_size ≥ 1)")
             yield x_c, y_c, start
             start += len(x_c)
 
@@ -380,6 +384,17 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
         g = g_data if g_direct is None else g_data + g_direct
         p.grad = g if p.grad is None else p.grad + g
     return loss.detach()
+
+
+def as_chunked_data(x, y=None, *, chunk_size: int | None = None, memory_budget: int | None = None,
+                    statistics_dtype: torch.dtype | None = None) -> ChunkedData:
+    """``x`` itself when it is a :class:`ChunkedData` (then the options belong on it: giving them
+    here is an error, not silently ignored), else a new one over (``x``, ``y``)."""
+    if isinstance(x, ChunkedData):
+        if any(option is not None for option in (y, chunk_size, memory_budget, statistics_dtype)):
+            raise ValueError("x is a ChunkedData: set y, chunk_size, memory_budget and statistics_dtype on it")
+        return x
+    return ChunkedData(x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype)
 
 
 def is_streamed_input(x, y, *options) -> bool:

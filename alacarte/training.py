@@ -25,7 +25,7 @@ from .init import initialize, set_noise
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .selection.simplex import SimplexStep
-from .streaming import ChunkedData, is_streamed_input, streamed_negative_mll
+from .streaming import ChunkedData, as_chunked_data, is_streamed_input, streamed_negative_mll
 from .woodbury import NotPositiveDefiniteError, collect_jitter
 
 __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
@@ -272,12 +272,7 @@ def fit(
                 "simplex-ARD kernels train by projected gradient on the in-memory likelihood; streamed input "
                 "(chunk_size, memory_budget, memory-mapped or chunked data) is not supported for them yet"
             )
-        if isinstance(x, ChunkedData):
-            if any(option is not None for option in (y, chunk_size, memory_budget, statistics_dtype)):
-                raise ValueError("x is a ChunkedData: set y, chunk_size, memory_budget and statistics_dtype on it")
-            data = x
-        else:
-            data = ChunkedData(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
+        data = as_chunked_data(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
                                statistics_dtype=statistics_dtype)
     elif y is None:
         raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
@@ -389,24 +384,26 @@ def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
     independent observations that agree, so σ² → 0 pays); docs/benchmarks.md
     shows it on UCI wine.  Targets that truly have no noise are the other
     case: there the bound (GPyTorch's default 1e-4 in standardised units) is
-    what stops the fit, as on UCI parkinsons.  :func:`fit` has already
-    refitted from a larger noise (the optimiser can stall at the bound) when
-    this warns.
+    what stops the fit, as on UCI parkinsons.  When σ² is trained, :func:`fit`
+    has already refitted from a larger noise (the optimiser can stall at the
+    bound) when this warns.
     """
     at_bound = _noise_at_lower_bound(model)
     if at_bound is None:
         return
     noise, bound = at_bound
+    trained = model.likelihood.noise_covar.raw_noise.requires_grad  # else set there by the user, and not refitted
     repeated = ""
     if x is not None and x.dim() == 2:
         copies = x.shape[0] - torch.unique(x, dim=0).shape[0]
         if copies:
             repeated = f" The training inputs repeat {copies} rows; repeated rows are the usual cause."
     warnings.warn(
-        f"the noise variance ended at its lower bound ({noise:.3g} ≤ 2×{bound:.1e} in standardised units): the "
-        f"model interpolates its training targets, which generalises worse unless they are noise-free.{repeated} "
-        "A refit from a larger noise did not leave the bound with a better likelihood. "
-        "Drop repeated rows, or raise the bound; for targets without noise, lower it (docs/benchmarks.md, "
+        f"the noise variance {'ended' if trained else 'is fixed (not trained)'} at its lower bound ({noise:.3g} ≤ "
+        f"2×{bound:.1e} in standardised units): the model interpolates its training targets, which generalises "
+        f"worse unless they are noise-free.{repeated} "
+        + ("A refit from a larger noise did not leave the bound with a better likelihood. " if trained else "")
+        + "Drop repeated rows, or raise the bound; for targets without noise, lower it (docs/benchmarks.md, "
         "Parkinsons): GaussianLikelihood(noise_constraint=GreaterThan(...)).",
         RuntimeWarning,
         stacklevel=3,

@@ -52,7 +52,7 @@ def _close(a, b, tol=1e-10):
 
 
 def test_shards_cover_the_rows_once():
-    for n, world in ((10, 3), (2, 2), (7, 1), (3, 5)):
+    for n, world in ((10, 3), (2, 2), (7, 1), (5, 5)):
         shards = [alacarte.distributed.shard(n, rank, world) for rank in range(world)]
         assert [i for s in shards for i in range(n)[s]] == list(range(n))
         assert max(s.stop - s.start for s in shards) - min(s.stop - s.start for s in shards) <= 1
@@ -63,6 +63,7 @@ def test_shards_cover_the_rows_once():
     (10, 3, 3, "rank must be below world_size = 3, got 3"),
     (10, -1, 3, "rank must be a non-negative integer"),
     (-1, 0, 2, "num_rows must be a non-negative integer"),
+    (3, 0, 5, "3 rows cannot be sharded over 5 processes: each needs at least one"),
 ])
 def test_impossible_shards_are_refused(num_rows, rank, world_size, message):
     with pytest.raises(ValueError, match=message):

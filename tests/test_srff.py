@@ -11,7 +11,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from alacarte import DerivativeSelector, RFFNetRegressor, SRFFRegressor
-from alacarte.selection.srff import _median_neighbour_distance, _SRFFProblem, monotone_fista
+from alacarte.selection.srff import _GRID_RANGE, _median_neighbour_distance, _SRFFProblem, monotone_fista
 
 SMALL = dict(n_components=20, n_alphas=4, max_iter=5, fista_iter=5, random_state=0)
 
@@ -86,7 +86,7 @@ def test_selects_the_relevant_inputs_and_predicts():
     assert abs(model.relevance_.sum() - 1) <= 1e-12 and (model.relevance_ >= 0).all()
     assert np.allclose(model.gamma_, model.relevance_ * model.simplex_size_)
     assert model.score(x[600:], y[600:]) > 0.9
-    assert model.alpha_ in model.alphas_ and len(model.validation_mse_) <= 12
+    assert model.alpha_ in model.alphas_ and len(model.alphas_) == len(model.validation_mse_) <= 12
     # Deterministic under random_state; the irrelevant inputs do not change predictions.
     again = SRFFRegressor(n_components=100, n_alphas=12, random_state=0).fit(x[:600], y[:600])
     assert np.array_equal(again.predict(x[600:]), model.predict(x[600:]))
@@ -94,6 +94,17 @@ def test_selects_the_relevant_inputs_and_predicts():
     shuffled = x[600:].copy()
     shuffled[:, dropped] = rng.standard_normal((300, dropped.size))
     assert np.allclose(model.predict(shuffled), model.predict(x[600:]), rtol=0, atol=1e-12)
+
+
+def test_a_path_stopped_early_reports_the_alphas_it_tried_with_their_scores():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 8))
+    y = np.sin(3 * x[:, 1]) + np.cos(3 * x[:, 4]) + 0.05 * rng.standard_normal(600)
+    model = SRFFRegressor(n_components=100, n_alphas=12, path_patience=1, random_state=0).fit(x, y)
+    assert 2 <= len(model.alphas_) == len(model.validation_mse_) < 12
+    # the first steps of the 12-point geometric grid, in order
+    assert np.allclose(model.alphas_[1:] / model.alphas_[:-1], _GRID_RANGE ** (1 / 11), rtol=1e-12)
+    assert model.alpha_ == model.alphas_[np.argmin(model.validation_mse_)]
 
 
 def test_fixed_alpha_and_simplex_size_skip_the_search():

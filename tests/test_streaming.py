@@ -184,6 +184,14 @@ def test_streaming_refuses_bad_input(tmp_path):
         alacarte.fit(model, ((x[i : i + 10], y[i : i + 10]) for i in range(0, 61, 10)))
     with pytest.raises(ValueError, match="set y, chunk_size, memory_budget and statistics_dtype on it"):
         alacarte.fit(model, ChunkedData(x, y), chunk_size=4)
+    with pytest.raises(ValueError, match="set y, chunk_size, memory_budget and statistics_dtype on it"):
+        model.cache_posterior(ChunkedData(x, y), chunk_size=-5)  # was silently ignored
+    # an unbatched DataLoader yields one row at a time, with 0-d targets; plain numbers are no chunks either
+    unbatched = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=None)
+    with pytest.raises(ValueError, match="y of chunk 0 is a scalar, not a batch of rows"):
+        alacarte.fit(model, unbatched, progress=False)
+    with pytest.raises(ValueError, match="x of chunk 0 is a scalar"):
+        alacarte.fit(model, [(1.0, 2.0), (3.0, 1.0)], progress=False)
     with pytest.raises(ValueError, match="chunk_size or memory_budget, not both"):
         ChunkedData(x, y, chunk_size=3, memory_budget=2**20)
     with pytest.raises(ValueError, match="y is required"):

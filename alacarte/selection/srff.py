@@ -187,7 +187,8 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         gamma_: inverse lengthscales γ (d,), on the simplex ``c·Δ``.
         relevance_: γ / c, non-negative, summing to one (exact zeros: unused inputs).
         selected_: indices of the inputs with γ_j > 0.
-        alpha_: the λ used; ``alphas_`` the grid and ``validation_mse_`` its scores.
+        alpha_: the λ used; ``alphas_`` the λ tried (the grid up to where
+            ``path_patience`` stopped the walk) and ``validation_mse_`` their scores.
         simplex_size_: ``c``; ``n_iter_``: alternations of the final fit.
 
     Example:
@@ -312,6 +313,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
                         break
             _, gamma, coef, self.alpha_, self.n_iter_ = best
             self.validation_mse_ = np.array(scores)
+            self.alphas_ = self.alphas_[: len(scores)]  # the λ walked: the path may stop early
         self.gamma_ = gamma.numpy()
         self.coef_ = coef.numpy()
         self.relevance_ = self.gamma_ / self.simplex_size_
