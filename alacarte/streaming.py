@@ -42,7 +42,14 @@ from ._validation import as_tensor, check_inputs, check_learnable_targets, check
 from .mll import WoodburyMarginalLogLikelihood
 from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "ChunkedData", "as_chunked_data", "rows_per_chunk", "streamed_statistics", "streamed_negative_mll"]
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "ChunkedData",
+    "as_chunked_data",
+    "rows_per_chunk",
+    "streamed_statistics",
+    "streamed_negative_mll",
+]
 
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 # Rows gathered from the first chunks for the data-driven initialisation of restarts.
