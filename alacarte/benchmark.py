@@ -49,7 +49,9 @@ FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "trai
           "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor"]
 # (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
 # The columns the report reads in every row (results files written before the others existed lack those).
-_REPORTED_FIELDS = ("dataset", "split", "method", "rmse", "train_seconds", "peak_rss_mb", "max_iter")
+# The numbers the report reads from every finished row, and how each parses.
+_REPORTED_NUMBERS = {"split": int, "max_iter": int, "rmse": float, "train_seconds": float, "peak_rss_mb": float}
+_REPORTED_FIELDS = ("dataset", "method", *_REPORTED_NUMBERS)
 METHODS = ("exact-rbf", "exact-ard", "fastfood-rbf", "fastfood-ard", "fsard", "fsgbard", "gm", "pwl", "ssgpr", "rks")
 # (the names of alacarte.factory.KERNEL_NAMES, in the order of the report's columns)
 ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
@@ -451,8 +453,7 @@ def _results(path: str) -> list[dict]:
     for r in rows:
         if r.get("status", "ok") != "ok":
             continue
-        for name, number in (("split", int), ("max_iter", int), ("rmse", float), ("train_seconds", float),
-                             ("peak_rss_mb", float)):
+        for name, number in _REPORTED_NUMBERS.items():
             try:
                 number(r[name])
             except (TypeError, ValueError):

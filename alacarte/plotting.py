@@ -128,7 +128,6 @@ def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | Non
                        names: list[str] | None = None) -> Path:
     """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``."""
     plt = _pyplot()
-    _check_names(kernel, names)
     panels = min(kernel.num_dims, _MAX_PANELS) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
     fig = plt.figure(figsize=(max(6, 3 * panels), 6.2))
     try:

@@ -154,6 +154,29 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_intact(tmp_path):
     assert torch.equal(load_model(path).predict(x_test).mean, model.predict(x_test).mean)
 
 
+def _parts(good: bytes) -> tuple[dict, bytes]:
+    """A model file's JSON header and its data bytes."""
+    header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
+    return json.loads(good[len(MAGIC) + 4: len(MAGIC) + 4 + header_len]), good[len(MAGIC) + 4 + header_len:]
+
+
+def _rewritten(good: bytes, edit_header=None, body: bytes | None = None) -> bytes:
+    """``good`` with its header edited and/or its body replaced, checksums made to match again."""
+    header, good_body = _parts(good)
+    body = good_body if body is None else body
+    header.update(body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest())
+    if edit_header:
+        edit_header(header)
+    new_header = json.dumps(header).encode()
+    return MAGIC + struct.pack("<I", len(new_header)) + new_header + body
+
+
+def _torch_bytes(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
 def test_bad_files_give_clear_errors(tmp_path):
     path = save_model(fitted_model(), tmp_path / "m.alacarte")
     good = path.read_bytes()
@@ -173,30 +196,8 @@ def test_bad_files_give_clear_errors(tmp_path):
     expect(bytes(flipped), "damaged: its data do not match their SHA-256 checksum")
     expect(b"x,y\n1,2\n", "not an alacarte model file")
     expect(b"", "not an alacarte model file")
-    header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
-    header = json.loads(good[len(MAGIC) + 4: len(MAGIC) + 4 + header_len])
-    header["format_version"] = FORMAT_VERSION + 1
-    new_header = json.dumps(header).encode()
-    future = MAGIC + struct.pack("<I", len(new_header)) + new_header + good[len(MAGIC) + 4 + header_len:]
+    future = _rewritten(good, lambda header: header.update(format_version=FORMAT_VERSION + 1))
     expect(future, f"format version {FORMAT_VERSION + 1} .*reads format version {FORMAT_VERSION}")
-
-
-def _rewritten(good: bytes, edit_header=None, body: bytes | None = None) -> bytes:
-    """``good`` with its header edited and/or its body replaced, checksums made to match again."""
-    header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
-    header = json.loads(good[len(MAGIC) + 4: len(MAGIC) + 4 + header_len])
-    body = good[len(MAGIC) + 4 + header_len:] if body is None else body
-    header.update(body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest())
-    if edit_header:
-        edit_header(header)
-    new_header = json.dumps(header).encode()
-    return MAGIC + struct.pack("<I", len(new_header)) + new_header + body
-
-
-def _torch_bytes(obj) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
 
 
 def test_checksummed_files_with_foreign_content_are_value_errors(tmp_path):
@@ -204,8 +205,7 @@ def test_checksummed_files_with_foreign_content_are_value_errors(tmp_path):
     written by another alacarte of the same format version) is a ValueError, not a KeyError."""
     model = fitted_model()
     good = save_model(model, tmp_path / "m.alacarte").read_bytes()
-    header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
-    payload = torch.load(io.BytesIO(good[len(MAGIC) + 4 + header_len:]), weights_only=True)
+    payload = torch.load(io.BytesIO(_parts(good)[1]), weights_only=True)
     state = dict(payload["record"]["state_dict"])
     state.pop(next(k for k in state if k.startswith("covar_module.raw_")))
     incomplete = {**payload, "record": {**payload["record"], "state_dict": state}}
