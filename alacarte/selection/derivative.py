@@ -41,7 +41,11 @@ the radius that solves (1) exactly (the tests check the result against a
 direct convex solve).  Both loops stop with the paper's rule:
 ‖f_t − f_{t−1}‖_H ≤ tol and ‖∇̂*(v_q − v_{q−1})‖_H ≤ tol, evaluated through
 K, Z and L.  The inner loop starts from the previous outer iteration's v̄
-instead of 0 (same fixed point, a small fraction of the iterations).
+instead of 0 (same fixed point, a small fraction of the iterations).  Kα + Zβ,
+Zᵀα + Lβ and L v are linear in the iterates and are carried along with them, so
+an inner step takes one product with the (nd)² matrix L and an outer step none:
+the iterates of the equations as printed, 1.9–3.2× faster at n = 80–400
+(experiments/results/derivative_selector.md).
 
 Variables are selected where Σᵢ (∂ⱼf(xᵢ))² exceeds the threshold (τ by
 default, as in the paper); with ``refit=True`` (the paper's "GR" variant)
@@ -224,28 +228,34 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         alpha = torch.from_numpy(self.dual_coef_.copy()) if warm else torch.zeros(n, dtype=torch.float64)
         beta = torch.from_numpy(self.derivative_coef_.T.reshape(-1).copy()) if warm else torch.zeros(n * d, dtype=torch.float64)
 
-        def h_norm(da, db):  # ‖S*δα + ∇̂*δβ‖_H
-            sq = da @ (K @ da) + 2 * da @ (Z @ db) + db @ (L @ db)
-            return math.sqrt(max(float(sq), 0.0) / n)
-
-        converged, inner_total = False, 0
+        # f's values and derivatives at the data, and L v: carried along (module docstring)
+        values, grads = K @ alpha + Z @ beta, Z.T @ alpha + L @ beta
         v = torch.zeros(n * d, dtype=torch.float64)
+        lv = torch.zeros(n * d, dtype=torch.float64)
+        converged, inner_total = False, 0
         for it in range(1, self.max_iter + 1):
-            alpha_new = shrink * alpha - (K @ alpha + Z @ beta - yc) / (2 * sigma)
+            residual = values - yc
+            alpha_new = shrink * alpha - residual / (2 * sigma)  # (14)
             beta_half = shrink * beta
-            offset = L @ beta_half / radius + Z.T @ alpha_new / radius  # g = L v − offset
-            for _ in range(self.max_inner_iter):
+            grads_half = shrink * grads - Z.T @ residual / (2 * sigma)  # Zᵀα_new + Lβ_half
+            offset = grads_half / radius  # g = L v − offset
+            for _ in range(self.max_inner_iter):  # (17)
                 inner_total += 1
-                g = (L @ v - offset).reshape(d, n)
+                g = (lv - offset).reshape(d, n)
                 g_norm = g.square().mean(1).sqrt()  # ‖gʲ‖ₙ
                 v_new = ((v.reshape(d, n) - eta * g) / (1 + eta * g_norm)[:, None]).reshape(-1)
                 dv = v_new - v
-                v = v_new
-                if math.sqrt(max(float(dv @ (L @ dv)), 0.0) / n) <= self.tol:
+                l_dv = L @ dv
+                v, lv = v_new, lv + l_dv
+                if math.sqrt(max(float(dv @ l_dv), 0.0) / n) <= self.tol:
                     break
-            beta_new = beta_half - radius * v
-            step = h_norm(alpha_new - alpha, beta_new - beta)
-            alpha, beta = alpha_new, beta_new
+            beta_new = beta_half - radius * v  # (15)
+            grads_new = grads_half - radius * lv
+            values_new = K @ alpha_new + Z @ beta_new
+            # ‖f_t − f_{t−1}‖²_H = δαᵀ(Kδα + Zδβ) + δβᵀ(Zᵀδα + Lδβ), over n
+            step = math.sqrt(max(float((alpha_new - alpha) @ (values_new - values)
+                                       + (beta_new - beta) @ (grads_new - grads)), 0.0) / n)
+            alpha, beta, values, grads = alpha_new, beta_new, values_new, grads_new
             if step <= self.tol:
                 converged = True
                 break
