@@ -46,7 +46,7 @@ __all__ = ["METHODS", "main", "run", "report"]
 
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
           "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version",
-          "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor"]
+          "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor", "restart_iter"]
 # (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
 # The columns the report reads in every row (results files written before the others existed lack those).
 # The numbers the report reads from every finished row, and how each parses.
@@ -82,13 +82,22 @@ def model_name(method: str, n_train: int) -> str:
 
 
 # -- running ------------------------------------------------------------------------------
-def _cell_process(index: int, cell: tuple, results) -> None:
-    """Fit one method on one split in a fresh process; put (index, row or error) on ``results``."""
+def _cell_process(index: int, cell: tuple, results, runner: int) -> None:
+    """Fit one method on one split in a fresh process; put (index, row or error) on ``results``.
+    Exits when the runner (process ``runner``) is gone, even killed with SIGKILL or by the
+    out-of-memory killer: an orphan would fit on with no time budget, its result lost."""
+    threading.Thread(target=_exit_without, args=(runner,), daemon=True).start()
     try:
         results.put((index, _run_cell(cell)))
     except Exception as err:  # one failed cell must not stop the run; it is retried on re-run
         dataset, split, method, _ = cell
         results.put((index, {"error": f"{dataset} split {split} {method}: {type(err).__name__}: {err}"}))
+
+
+def _exit_without(runner: int) -> None:
+    while os.getppid() == runner:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _run_cell(cell: tuple) -> dict:
@@ -152,30 +161,90 @@ def package_version() -> str:
 
 def _row(dataset, split, method, cfg, **values) -> dict:
     row = {"dataset": dataset, "split": split, "method": method, "restarts": cfg["restarts"],
-           "max_iter": cfg["max_iter"], "seed": split, "version": cfg["version"]}
+           "restart_iter": cfg["restart_iter"], "max_iter": cfg["max_iter"], "seed": split,
+           "version": cfg["version"], "device": cfg["device"], "noise_floor": cfg["noise_floor"]}
     row.update(values)
     return row
 
 
-def append_row(path: str | os.PathLike, row: dict) -> None:
-    """Append one row (and the header to a new file) under an exclusive lock, synced to disk."""
+def append_row(path: str | os.PathLike, row: dict) -> bool:
+    """Append one row (and the header to a new file) under an exclusive lock, synced to disk.
+
+    Returns ``False``, writing nothing, when the file already holds the same cell at the same
+    settings (another runner on the same file finished it first).  A last line without its newline
+    (a writer stopped mid-row) is cut first, so that the new row does not run on from it."""
     while True:
-        with open(path, "a", newline="") as fh:
+        with open(path, "a+", newline="") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 if os.fstat(fh.fileno()).st_ino != os.stat(path).st_ino:
                     continue  # upgrade_csv replaced the file while we waited for the lock: append to the new one
+                _drop_incomplete_last_line(fh)
                 if fh.tell() == 0:
                     csv.writer(fh).writerow(FIELDS)
-                elif (header := _header(path)) != FIELDS:
-                    raise ValueError(f"{path} has the columns {header}, this runner writes {FIELDS}; "
-                                     "`alacarte bench run` upgrades an older results file before it appends")
+                else:
+                    if (header := _header(path)) != FIELDS:
+                        raise ValueError(f"{path} has the columns {header}, this runner writes {FIELDS}; "
+                                         "`alacarte bench run` upgrades an older results file before it appends")
+                    if any(_cell_key(r) == _cell_key(row) for r in read_rows(path) if _complete(r)):
+                        return False
                 csv.DictWriter(fh, FIELDS).writerow(row)
                 fh.flush()
                 os.fsync(fh.fileno())
-                return
+                return True
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _drop_incomplete_last_line(fh) -> str:
+    """Cut a last line that lacks its newline from a file open in ``a+`` mode (the caller holds its
+    lock); returns what was cut.  Leaves the position at the end."""
+    fd = fh.fileno()
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0)
+    if size and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        os.ftruncate(fd, keep)
+        fh.seek(0, os.SEEK_END)
+        return data[keep:].decode("utf-8", "replace")
+    fh.seek(0, os.SEEK_END)
+    return ""
+
+
+def _complete(row: dict) -> bool:
+    """A row with every column and no extra field (csv.DictReader marks those with None)."""
+    return None not in row and None not in row.values()
+
+
+def _settings(row: dict) -> tuple:
+    """The settings a row ran with, ``None`` where it does not record one (older rows, and the
+    features and components of a timed-out cell, which never built its model)."""
+    def number(name):
+        value = row.get(name)
+        return None if value in (None, "") else int(value)
+    return (number("max_iter"), number("restarts"), number("restart_iter"), noise_floor_of(row),
+            str(row.get("device") or "cpu").startswith("cuda"), number("num_features"), number("components"))
+
+
+def _cell_key(row: dict) -> tuple:
+    return (row["dataset"], int(row["split"]), row["method"], *_settings(row))
+
+
+def _other_setting(row: dict, args: argparse.Namespace) -> str | None:
+    """The first setting a results row ran with that this run does not ask for (``None``: none)."""
+    max_iter, restarts, restart_iter, floor, gpu, features, components = _settings(row)
+    wanted_gpu = args.device.startswith("cuda")
+    checks = [("max_iter", max_iter, args.max_iter), ("restarts", restarts, args.restarts),
+              ("restart_iter", restart_iter, args.restart_iter), ("noise_floor", floor, args.noise_floor),
+              ("device", "cuda" if gpu else "cpu", "cuda" if wanted_gpu else "cpu")]
+    if features:  # 0 for an exact GP: it has no features
+        checks.append(("D", features, 2 * args.num_samples))
+    if components is not None and row.get("n_train"):
+        checks.append(("components", components, mixture_components(args.components, int(row["n_train"]))))
+    for name, ran, wanted in checks:
+        if ran is not None and ran != wanted:
+            return f"{name}={ran} (this run: {wanted})"
+    return None
 
 
 def _header(path: str | os.PathLike) -> list[str]:
@@ -247,17 +316,26 @@ def run(args: argparse.Namespace) -> int:
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {METHODS}")
-    datasets = [canonical_name(ds) for ds in args.datasets]
+    datasets = list(dict.fromkeys(canonical_name(ds) for ds in args.datasets))  # each cell once
     _check_settings(args)
     check_device(args.device)
     upgrade_csv(args.csv)
-    done = {(r["dataset"], int(r["split"]), r["method"]) for r in read_rows(args.csv)}
+    done, other = set(), []
+    for r in _finished_rows(args.csv):
+        why = _other_setting(r, args)
+        if why is None:
+            done.add((r["dataset"], int(r["split"]), r["method"]))
+        else:
+            other.append(f"{r['dataset']} split {r['split']} {r['method']}: {why}")
+    if other:
+        print(f"{len(other)} rows of {args.csv} ran with other settings (e.g. {other[0]}): not counted as done; "
+              "this run's rows go beside them, in report columns of their own", flush=True)
     cfg = {"data": args.data, "num_samples": args.num_samples, "components": args.components,
            "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
            "threads": args.threads, "device": args.device, "noise_floor": args.noise_floor,
            "version": package_version()}
-    cells = [(ds, s, m, cfg) for ds in datasets for s in parse_splits(args.splits) for m in args.methods
-             if (ds, s, m) not in done]
+    cells = [(ds, s, m, cfg) for ds in datasets for s in dict.fromkeys(parse_splits(args.splits))
+             for m in dict.fromkeys(args.methods) if (ds, s, m) not in done]
     if args.limit is not None:
         cells = cells[: args.limit]
     print(f"{len(done)} cells done, {len(cells)} to run", flush=True)
@@ -281,6 +359,33 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _finished_rows(path: str | os.PathLike) -> list[dict]:
+    """A results file's rows, after cutting an incomplete last line (a runner stopped mid-write: that
+    cell runs again); any other damaged row is an error, never a cell silently counted as done."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "a+", newline="") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            if cut := _drop_incomplete_last_line(fh):
+                print(f"{path}: dropped an incomplete last line (a run stopped while writing it): {cut!r}",
+                      flush=True)
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    rows = read_rows(path)
+    for number, r in enumerate(rows, 1):
+        try:
+            if not _complete(r) or r["status"] not in ("ok", "timeout"):
+                raise ValueError
+            int(r["split"])
+        except ValueError:
+            text = ",".join(v if isinstance(v, str) else ",".join(v) for v in r.values() if v is not None)
+            raise ValueError(f"{path}: data row {number} ({text[:80]!r}) is not a complete results row "
+                             f"(the {len(FIELDS)} columns {', '.join(FIELDS[:3])}, …, status ok or timeout); "
+                             "repair or remove it") from None
+    return rows
+
+
 def _check_settings(args: argparse.Namespace) -> None:
     """Refuse settings every cell would fail on (or a run that could never finish) before any cell starts."""
     for name in ("num_samples", "max_iter", "restart_iter", "workers", "threads"):
@@ -297,6 +402,12 @@ def _check_settings(args: argparse.Namespace) -> None:
             check_positive_int(int(args.components), "--components")
         except ValueError:
             raise ValueError(f"--components must be 'auto' or a positive integer, got {args.components!r}") from None
+    if {"gm", "pwl"} & set(args.methods):
+        for count in (2, 4) if args.components == "auto" else (int(args.components),):
+            if args.num_samples % count:
+                raise ValueError(f"--num-samples {args.num_samples} must be a multiple of the number of GM/PWL "
+                                 f"components, {count} (each component has M/C frequencies)"
+                                 + (" ('auto' uses 2 or 4)" if args.components == "auto" else ""))
 
 
 def check_device(name: str) -> None:
@@ -325,16 +436,22 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
         while pending or running:
             while pending and len(running) < args.workers:
                 index, cell = pending.pop()
-                proc = ctx.Process(target=_cell_process, args=(index, cell, results), daemon=True)
+                proc = ctx.Process(target=_cell_process, args=(index, cell, results, os.getpid()), daemon=True)
                 proc.start()
                 running[index] = (proc, cell, time.monotonic())
-            try:
-                index, row = results.get(timeout=1.0)
-            except queue.Empty:
-                pass
-            else:
-                running.pop(index)[0].join()
-                failures += _record(args, row, bar)
+            # Every result already sent is taken before any budget is judged: a cell that finished
+            # in time is never recorded as a timeout.
+            delivered, wait = [], 1.0
+            while True:
+                try:
+                    delivered.append(results.get(timeout=wait))
+                except queue.Empty:
+                    break
+                wait = 0.0
+            for index, row in delivered:
+                if index in running:  # (else already stopped and recorded)
+                    running.pop(index)[0].join()
+                    failures += _record(args, row, bar)
             for index, (proc, cell, started) in list(running.items()):
                 dataset, split, method, _ = cell
                 if args.time_budget and time.monotonic() - started > args.time_budget:
@@ -356,8 +473,10 @@ def _record(args, row: dict, bar) -> int:
     if "error" in row:
         tqdm.write(f"FAILED {row['error']}")
         return 1
-    append_row(args.csv, row)
-    if row["status"] == "ok":
+    if not append_row(args.csv, row):
+        tqdm.write(f"{row['dataset']} split {row['split']} {row['method']}: already in {args.csv} at these "
+                   "settings (another runner on the same file finished it first); not written twice")
+    elif row["status"] == "ok":
         bar.set_postfix_str(f"{row['dataset']}/{row['split']}/{row['method']} RMSE {row['rmse']:.4g}")
         if args.quiet:
             print(f"{row['dataset']} split {row['split']} {row['method']}: RMSE {row['rmse']:.4g} "
@@ -375,9 +494,18 @@ class PaperValue(NamedTuple):
 
 
 def load_paper(path: str | os.PathLike) -> dict:
-    return {(r["dataset"], r["method"]): PaperValue(float(r["rmse_mean"]), float(r["rmse_std"]),
-                                                    len(r["rmse_mean"].partition(".")[2]))
-            for r in read_rows(path)}
+    """The paper's table: (dataset, method) → its printed mean RMSE and ± ."""
+    rows = read_rows(path) if os.path.isfile(path) else []
+    try:
+        table = {(r["dataset"], r["method"]): PaperValue(float(r["rmse_mean"]), float(r["rmse_std"]),
+                                                         len(r["rmse_mean"].partition(".")[2]))
+                 for r in rows}
+    except (KeyError, TypeError, ValueError):
+        table = {}
+    if not table:
+        raise ValueError(f"--paper {path}: not a table of the paper's values (a CSV with the columns dataset, "
+                         f"method, rmse_mean, rmse_std; the default is {DEFAULT_PAPER_TABLE})")
+    return table
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -385,21 +513,28 @@ def _fmt(mean: float, std: float) -> str:
 
 
 class Column(NamedTuple):
-    """A report column: a method, its number of features D, its max_iter and its noise floor when
-    the rows hold it at several, and ``cuda`` for rows fitted on a GPU (their seconds are not the CPU's)."""
+    """A report column: a method, and its number of features D, max_iter, noise floor, restarts and
+    components where the rows hold the method at several, and ``cuda`` for rows fitted on a GPU
+    (their seconds are not the CPU's)."""
     method: str
     features: int | None = None
     max_iter: int | None = None
     gpu: bool = False
     noise_floor: float | None = None
+    restarts: int | None = None
+    components: int | None = None
 
     def __str__(self) -> str:
         return " ".join([self.method, *([f"D={self.features}"] if self.features else []),
                          *([f"max_iter={self.max_iter}"] if self.max_iter else []),
-                         *([f"σ²≥{self.noise_floor:g}"] if self.noise_floor else []), *(["cuda"] if self.gpu else [])])
+                         *([f"σ²≥{self.noise_floor:g}"] if self.noise_floor else []),
+                         *([f"restarts={self.restarts}"] if self.restarts is not None else []),
+                         *([f"components={self.components}"] if self.components else []),
+                         *(["cuda"] if self.gpu else [])])
 
     def order(self) -> tuple:
-        return METHODS.index(self.method), self.features or 0, self.max_iter or 0, -(self.noise_floor or 1), self.gpu
+        return (METHODS.index(self.method), self.features or 0, self.max_iter or 0, -(self.noise_floor or 1),
+                self.restarts or 0, self.components or 0, self.gpu)
 
 
 def _features(row: dict) -> int:
@@ -419,23 +554,31 @@ def ended_at_noise_floor(row: dict) -> bool | None:
 
 def _column_of(rows: list[dict]):
     """A function giving each row its report column: results files of several protocols in one
-    report give a method found at several D (or several max_iter, or noise floors) one column per
-    setting (``gm D=4096``, ``gm D=4096 max_iter=300``, ``pwl σ²≥1e-08``).  A floor other than
-    GPyTorch's is always named.  Exact GPs (no features) never split by D."""
-    sizes, iterations, floors = defaultdict(set), defaultdict(set), defaultdict(set)
+    report give a method found at several D (or several max_iter, noise floors, restarts) one column
+    per setting (``gm D=4096``, ``gm D=4096 max_iter=300``, ``pwl σ²≥1e-08``).  A floor other than
+    GPyTorch's is always named.  Exact GPs (no features) never split by D.  Components split a
+    method only where one dataset holds it at several (``auto`` gives datasets of different sizes
+    different numbers: one protocol, one column)."""
+    sizes, iterations, floors, restarts = defaultdict(set), defaultdict(set), defaultdict(set), defaultdict(set)
+    components = defaultdict(set)
     for r in rows:
         if _features(r):
             sizes[r["method"]].add(_features(r))
         iterations[r["method"]].add(int(r["max_iter"]))
         floors[r["method"]].add(noise_floor_of(r))
+        restarts[r["method"]].add(r.get("restarts") or "")
+        components[(r["dataset"], r["method"])].add(r.get("components") or "")
+    several_components = {method for (_, method), values in components.items() if len(values) > 1}
 
     def column(r: dict) -> Column:
-        features = _features(r)
-        return Column(r["method"], features if len(sizes[r["method"]]) > 1 and features else None,
-                      int(r["max_iter"]) if len(iterations[r["method"]]) > 1 else None,
+        method, features = r["method"], _features(r)
+        return Column(method, features if len(sizes[method]) > 1 and features else None,
+                      int(r["max_iter"]) if len(iterations[method]) > 1 else None,
                       (r.get("device") or "cpu").startswith("cuda"),
-                      noise_floor_of(r) if len(floors[r["method"]]) > 1 or noise_floor_of(r) != DEFAULT_NOISE_FLOOR
-                      else None)
+                      noise_floor_of(r) if len(floors[method]) > 1 or noise_floor_of(r) != DEFAULT_NOISE_FLOOR
+                      else None,
+                      int(r["restarts"]) if len(restarts[method]) > 1 and r.get("restarts") else None,
+                      int(r["components"]) if method in several_components and r.get("components") else None)
     return column
 
 
@@ -463,16 +606,24 @@ def _results(path: str) -> list[dict]:
 
 
 def report(args: argparse.Namespace) -> str:
-    every_row = [r for path in args.csv for r in _results(path)]
+    every_row = [(path, r) for path in args.csv for r in _results(path)]
     if not every_row:
         raise ValueError(f"{', '.join(args.csv)} hold(s) no results yet: run `alacarte bench run` first")
-    rows = [r for r in every_row if r.get("status", "ok") == "ok"]
+    rows = [r for _, r in every_row if r.get("status", "ok") == "ok"]
+    timed_out = [r for _, r in every_row if r.get("status") == "timeout"]
     timeouts = defaultdict(int)  # keyed by method: a timed-out row records no features
-    for r in every_row:
-        if r.get("status") == "timeout":
-            timeouts[(r["dataset"], r["method"])] += 1
+    for r in timed_out:
+        timeouts[(r["dataset"], r["method"])] += 1
     paper = load_paper(args.paper)
     column_of = _column_of(rows)
+    seen = {}
+    for path, r in every_row:  # one cell counted twice would weigh twice in its mean
+        if r.get("status", "ok") == "ok":
+            cell = (r["dataset"], int(r["split"]), column_of(r))
+            if cell in seen:
+                raise ValueError(f"{r['dataset']} split {r['split']} {cell[2]} appears twice ({seen[cell]} and {path}): "
+                                 "give each results file once, and remove the repeated row")
+            seen[cell] = path
     rmse, seconds, memory, gpu_memory = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
     ran_as_fastfood = set()  # (dataset, column) keys of exact GPs fitted as Fastfood expansions (n ≥ 2000)
     converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
@@ -490,8 +641,11 @@ def report(args: argparse.Namespace) -> str:
             converged[key].append(r["converged"] == "True")
         if (ended := ended_at_noise_floor(r)) is not None:
             at_floor[key].append(ended)
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    methods = sorted({column for _, column in rmse}, key=Column.order)
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows + timed_out))
+    ran = {column for _, column in rmse}
+    # a method none of whose cells finished in time still gets its column (of timeouts)
+    methods = sorted(ran | {column_of(r) for r in timed_out if all(c.method != r["method"] for c in ran)},
+                     key=Column.order)
     paper_methods = [m for m in METHODS if m in PAPER_COLUMNS and any(c.method == m for c in methods)]
     sizes = sorted({_features(r) for r in rows} - {0})
     lines = [f"Command: `{args.command}`" if args.command else "", "",
@@ -512,18 +666,20 @@ def report(args: argparse.Namespace) -> str:
     if len(versions) > 1:
         lines += ["Rows by the code that produced them (version column): "
                   + ", ".join(f"{v}: {k}" for v, k in versions.items()) + ".", ""]
-    lines += ["| dataset | n train | " + " | ".join(f"{m}" for m in methods) + " | "
-              + " | ".join(f"{PAPER_COLUMNS[m]} (paper)" for m in paper_methods) + " |",
+    def table_row(*cells) -> str:
+        return "| " + " | ".join(cells) + " |"
+    lines += [table_row("dataset", "n train", *map(str, methods), *(f"{PAPER_COLUMNS[m]} (paper)" for m in paper_methods)),
               "|" + "---|" * (2 + len(methods) + len(paper_methods))]
     wins, normalised = defaultdict(int), defaultdict(list)
     for ds in datasets:
         ours = {m: float(np.mean(rmse[(ds, m)])) for m in methods if rmse[(ds, m)]}
         theirs = {m: paper[(ds, PAPER_COLUMNS[m])].mean for m in paper_methods if (ds, PAPER_COLUMNS[m]) in paper}
-        best = min([*ours.values(), *theirs.values()])
-        best_ours = min(ours.values())
-        wins[min(ours, key=ours.get)] += 1
-        for m, v in ours.items():
-            normalised[m].append(v / best_ours)
+        best = min([*ours.values(), *theirs.values()], default=None)
+        if ours:  # (else every cell of the dataset timed out)
+            best_ours = min(ours.values())
+            wins[min(ours, key=ours.get)] += 1
+            for m, v in ours.items():
+                normalised[m].append(v / best_ours)
         cells = []
         for m in methods:
             v = rmse[(ds, m)]
@@ -544,13 +700,13 @@ def report(args: argparse.Namespace) -> str:
             p = paper.get((ds, PAPER_COLUMNS[m]))
             cells.append("—" if p is None else (f"**{_fmt(p.mean, p.std)}**" if p.mean == best
                                                  else _fmt(p.mean, p.std)))
-        n_train = next(r["n_train"] for r in rows if r["dataset"] == ds)
-        lines.append(f"| {ds} | {n_train} | " + " | ".join(cells) + " |")
-    lines.append("| **datasets won** (ours) | | " + " | ".join(str(wins[m]) for m in methods) + " | "
-                 + " | ".join("" for _ in paper_methods) + " |")
-    lines.append("| **mean normalised RMSE** (ours, 1 = best of ours) | | "
-                 + " | ".join(f"{np.mean(normalised[m]):.3f}" if normalised[m] else "—" for m in methods) + " | "
-                 + " | ".join("" for _ in paper_methods) + " |")
+        n_train = next((r["n_train"] for r in rows if r["dataset"] == ds), "—")
+        lines.append(table_row(ds, n_train, *cells))
+    # (the label and the empty n-train cell as one piece: "| label | | …", as the committed reports print it)
+    lines.append(table_row("**datasets won** (ours) |", *(str(wins[m]) for m in methods), *("" for _ in paper_methods)))
+    lines.append(table_row("**mean normalised RMSE** (ours, 1 = best of ours) |",
+                           *(f"{np.mean(normalised[m]):.3f}" if normalised[m] else "—" for m in methods),
+                           *("" for _ in paper_methods)))
     lines += _goals(datasets, methods, rmse, ran_as_fastfood, paper)
     lines += _same_method_ratios(datasets, methods, rmse, ran_as_fastfood, paper)
     text = "\n".join(lines) + "\n"

@@ -92,3 +92,35 @@ def test_download_without_network_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("ALACARTE_UCI_URL", "http://127.0.0.1:9")  # the discard port: connection refused
     with pytest.raises(ValueError, match="could not be downloaded.*ALACARTE_DATA"):
         load_uci("challenger", 0)
+
+
+@pytest.mark.parametrize("failure", ["cut mid-body", "garbled reply", "malformed address"])
+def test_a_broken_download_is_a_clear_error(tmp_path, monkeypatch, failure):
+    import http.client
+    import urllib.request
+
+    def urlopen(url, timeout):
+        if failure == "cut mid-body":
+            raise http.client.IncompleteRead(b"x" * 1228, 1229)
+        if failure == "garbled reply":
+            raise http.client.BadStatusLine("garbage")
+        raise ValueError(f"unknown url type: {url!r}")
+
+    monkeypatch.delenv("ALACARTE_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    with pytest.raises(ValueError, match="could not be downloaded.*ALACARTE_DATA"):
+        load_uci("challenger", 0)
+    assert not (tmp_path / "cache" / "alacarte" / "uci" / "challenger" / "data.csv.gz").exists()
+
+
+@needs_data
+def test_an_empty_data_variable_means_unset(tmp_path, monkeypatch):
+    """``ALACARTE_DATA=`` (as in ``ALACARTE_DATA= python …``) falls back to the cache, as an empty
+    XDG_CACHE_HOME does, instead of reading the working directory."""
+    shutil.copytree(SHARED / "yacht", tmp_path / "cache" / "alacarte" / "uci" / "yacht")
+    monkeypatch.setenv("ALACARTE_DATA", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert np.array_equal(load_uci("yacht", 1).x_test, load_uci("yacht", 1, SHARED).x_test)
+    assert np.array_equal(load_uci("yacht", 1, "").x_test, load_uci("yacht", 1, SHARED).x_test)

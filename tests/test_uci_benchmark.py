@@ -18,6 +18,7 @@ TINY = ["--datasets", "servo", "yacht", "--methods", "exact-ard", "fsard", "--sp
         "--num-samples", "16", "--restarts", "1", "--restart-iter", "2", "--max-iter", "3",
         "--workers", "2", "--data", str(SHARED)]
 TIMING = {"train_seconds", "peak_rss_mb", "peak_device_mb"}
+DEFAULT_PAPER = str(ROOT / "experiments" / "paper_table1.csv")
 
 
 def run(csv_path, *extra):
@@ -86,11 +87,15 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
-def test_a_terminated_runner_stops_its_workers(tmp_path):
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_a_terminated_runner_stops_its_workers(tmp_path, signal_name):
     """``kill <runner>`` (SIGTERM) must not leave cell processes running: an orphan would fit on for
-    minutes or hours beside a resumed run, its result lost."""
+    minutes or hours beside a resumed run, its result lost.  Nor may ``kill -9`` or the out-of-memory
+    killer (SIGKILL), which the runner cannot catch: the workers notice that it is gone."""
     import signal
     import time
+
+    stop = getattr(signal, signal_name)
 
     path = tmp_path / "killed.csv"
     cmd = [sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "run", "--datasets", "airfoil",
@@ -103,8 +108,8 @@ def test_a_terminated_runner_stops_its_workers(tmp_path):
             time.sleep(0.2)
         assert len(workers) == 2, "the runner never started its two workers"
         time.sleep(1.0)
-        runner.send_signal(signal.SIGTERM)
-        assert runner.wait(timeout=60) == 128 + signal.SIGTERM
+        runner.send_signal(stop)
+        assert runner.wait(timeout=60) == (128 + stop if stop == signal.SIGTERM else -stop)
     finally:
         runner.kill()
     deadline = time.monotonic() + 10
@@ -434,3 +439,164 @@ def test_report_refuses_a_missing_or_foreign_results_file(tmp_path, capsys):
                        "yacht,0,gm,ok,abc,1.0,100,100\n")
     assert main(["bench", "report", "--csv", str(garbled)]) == 2
     assert "garbled.csv: the row of yacht, split 0, gm has rmse = 'abc', not a number" in capsys.readouterr().err
+
+
+def _ok_row(dataset="yacht", split=0, method="gm", rmse=0.12, **settings):
+    row = {"dataset": dataset, "split": split, "method": method, "model": method, "status": "ok", "rmse": rmse,
+           "nlpd": 0.0, "train_seconds": 3.0, "peak_rss_mb": 300.0, "n_train": 277, "d": 6, "num_features": 32,
+           "components": 2, "restarts": 0, "restart_iter": 1, "max_iter": 5, "seed": split, "version": "0",
+           "device": "cpu", "noise_floor": 1e-4}
+    row.update(settings)
+    return row
+
+
+def _to_run(path, capsys, *extra):
+    """What `bench run` says it would do with ``path``; it starts no cell."""
+    from unittest import mock
+
+    from alacarte import benchmark
+    from alacarte.cli import main
+
+    with mock.patch.object(benchmark, "_run_cells", return_value=0):
+        assert main(["bench", "run", "--datasets", "yacht", "--methods", "gm", "--splits", "0", "--num-samples",
+                     "16", "--restarts", "0", "--restart-iter", "1", "--max-iter", "5", "--data", str(SHARED),
+                     "--csv", str(path), "-q", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_row_cut_off_mid_write_is_dropped_not_counted_or_glued_to_the_next(tmp_path, capsys):
+    from alacarte.benchmark import append_row, read_rows
+
+    path = tmp_path / "rows.csv"
+    append_row(path, _ok_row(split=1))
+    append_row(path, _ok_row(split=0))
+    path.write_bytes(path.read_bytes()[:-40])  # the runner died while writing split 0's row
+    out = _to_run(path, capsys)
+    assert "dropped an incomplete last line" in out and "1 cells done, 1 to run" in out  # split 1 only
+    assert path.read_text().endswith("\n")
+    append_row(path, _ok_row(split=0, rmse=0.5))
+    assert [(r["split"], r["rmse"]) for r in read_rows(path)] == [("1", "0.12"), ("0", "0.5")]
+    # a damaged row that does end its line is an error naming it, not a traceback or a cell done
+    with open(path, "a") as fh:
+        fh.write("yacht\n")
+    with pytest.raises(ValueError, match=r"data row 3 \('yacht'\) is not a complete results row"):
+        from alacarte.benchmark import _finished_rows
+        _finished_rows(path)
+
+
+def test_each_cell_is_run_and_recorded_once(tmp_path, capsys):
+    from alacarte.benchmark import append_row, read_rows
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    assert "0 cells done, 1 to run" in _to_run(path, capsys, "--datasets", "yacht", "Yacht", "--splits", "0,0",
+                                               "--methods", "gm", "gm")
+    # a second runner on the same file that finishes the same cell second writes nothing
+    assert append_row(path, _ok_row()) and not append_row(path, _ok_row(rmse=0.2))
+    assert len(read_rows(path)) == 1
+    assert append_row(path, _ok_row(max_iter=50))  # the same cell at other settings is another result
+    assert main(["bench", "report", "--csv", str(path), str(path)]) == 2
+    assert "yacht split 0 gm max_iter=5 appears twice" in capsys.readouterr().err
+
+
+def test_a_resumed_run_at_other_settings_runs_its_own_cells(tmp_path, capsys):
+    from alacarte.benchmark import append_row
+
+    path = tmp_path / "rows.csv"
+    append_row(path, _ok_row())
+    assert "1 cells done, 0 to run" in _to_run(path, capsys)
+    for setting, value, shown in (("--max-iter", "50", "max_iter=5 (this run: 50)"),
+                                  ("--num-samples", "64", "D=32 (this run: 128)"),
+                                  ("--restarts", "2", "restarts=0 (this run: 2)"),
+                                  ("--restart-iter", "15", "restart_iter=1 (this run: 15)"),
+                                  ("--components", "4", "components=2 (this run: 4)"),
+                                  ("--noise-floor", "1e-6", "noise_floor=0.0001 (this run: 1e-06)")):
+        out = _to_run(path, capsys, setting, value)
+        assert "0 cells done, 1 to run" in out and shown in out, (setting, out)
+
+
+def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(tmp_path):
+    import argparse
+
+    from alacarte.benchmark import append_row, report
+
+    path = tmp_path / "rows.csv"
+    for split in (0, 1):
+        append_row(path, _ok_row(split=split, restarts=0, components=1, rmse=1.0))
+        append_row(path, _ok_row(split=split, restarts=2, components=4, rmse=2.0))
+    append_row(path, {**_ok_row(dataset="concrete", method="pwl"), "status": "timeout", "rmse": "", "n_train": "",
+                      "num_features": "", "components": ""})
+
+    def table(**extra):
+        args = argparse.Namespace(csv=[str(path)], paper=extra.get("paper", DEFAULT_PAPER), out=None, command=None)
+        return report(args)
+    text = table()
+    header = next(line for line in text.splitlines() if line.startswith("| dataset | n train"))
+    assert "gm restarts=0 components=1" in header and "gm restarts=2 components=4" in header and "| pwl |" in header
+    assert "1 ± 0 [2]" in text and "2 ± 0 [2]" in text
+    assert any(line.startswith("| concrete | — |") and "timeout" in line for line in text.splitlines())
+    with pytest.raises(ValueError, match="--paper .*missing.csv: not a table of the paper's values"):
+        table(paper=str(tmp_path / "missing.csv"))
+
+
+def test_a_report_without_paper_columns_is_a_well_formed_table(tmp_path):
+    import argparse
+
+    from alacarte.benchmark import append_row, report
+
+    path = tmp_path / "rows.csv"
+    append_row(path, _ok_row(method="rks"))
+    text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| dataset | n train"))
+    widths = {line.count("|") for line in lines[start:start + 5] if line.startswith("|")}
+    assert widths == {4}, lines[start:start + 5]
+
+
+def test_a_result_delivered_before_its_budget_ran_out_is_recorded_as_a_result(tmp_path, monkeypatch):
+    """Two cells whose results are both waiting when the runner next looks, after the budget has
+    passed: both are results (the second used to be killed, written as a timeout, and then its own
+    result crashed the runner with a KeyError)."""
+    import argparse
+    import queue
+    import types
+
+    from alacarte import benchmark
+
+    class Process:
+        def __init__(self, target, args, daemon):
+            self.exitcode = None
+
+        def start(self):
+            pass
+
+        def join(self, timeout=None):
+            self.exitcode = 0 if self.exitcode is None else self.exitcode
+
+        def kill(self):
+            self.exitcode = -9
+
+    clock = iter([0.0, 0.0] + [100.0] * 100)  # both start at 0; the runner next looks at 100 s
+    monkeypatch.setattr(benchmark, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    path = tmp_path / "rows.csv"
+    args = argparse.Namespace(csv=str(path), workers=2, time_budget=20.0, quiet=True)
+    cfg = {"restarts": 0, "restart_iter": 1, "max_iter": 5, "version": "0", "device": "cpu", "noise_floor": 1e-4}
+    results = queue.Queue()
+    for index in (0, 1):
+        results.put((index, _ok_row(split=index)))
+    pending = [(1, ("yacht", 1, "gm", cfg)), (0, ("yacht", 0, "gm", cfg))]
+    assert benchmark._run_cells(args, cfg, types.SimpleNamespace(Process=Process), pending, {}, results) == 0
+    assert [(r["split"], r["status"]) for r in benchmark.read_rows(path)] == [("0", "ok"), ("1", "ok")]
+
+
+@pytest.mark.parametrize("setting, message", [
+    (["--components", "3", "--num-samples", "16"], "--num-samples 16 must be a multiple of the number of GM/PWL components, 3"),
+    (["--num-samples", "18"], "--num-samples 18 must be a multiple of the number of GM/PWL components, 4 (each"),
+])
+def test_feature_counts_the_mixtures_cannot_split_are_refused_before_any_cell_runs(tmp_path, capsys, setting, message):
+    from alacarte.cli import main
+
+    path = tmp_path / "rows.csv"
+    assert main(["bench", "run", "--datasets", "servo", "--methods", "gm", "--splits", "0", "--csv", str(path),
+                 "--data", str(SHARED), *setting]) == 2
+    assert message in capsys.readouterr().err and not path.exists()

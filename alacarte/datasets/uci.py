@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import gzip
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -91,12 +92,13 @@ def cache_dir() -> Path:
 
 def _data_dir(data_dir: str | os.PathLike | None) -> tuple[Path, bool]:
     """The data folder and whether missing files may be downloaded into it (the cache only)."""
-    chosen = data_dir if data_dir is not None else os.environ.get(ENV_VAR)
+    # an empty setting (ALACARTE_DATA= ...) means unset, as for XDG_CACHE_HOME, not the working directory
+    chosen = data_dir if data_dir not in (None, "") else os.environ.get(ENV_VAR) or None
     if chosen is None:
         return cache_dir(), True
     path = Path(chosen).expanduser()
     if not path.is_dir():
-        source = "data_dir" if data_dir is not None else f"${ENV_VAR}"
+        source = "data_dir" if data_dir not in (None, "") else f"${ENV_VAR}"
         raise ValueError(f"UCI data directory {str(path)!r} (from {source}) does not exist or is not a directory")
     return path, False
 
@@ -108,7 +110,8 @@ def _download(folder: str, filename: str, target: Path, sha256: str) -> None:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
             raw = response.read()
-    except (urllib.error.URLError, OSError) as err:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+        # (HTTPException: a connection cut mid-body or a garbled reply; ValueError: a malformed URL)
         raise ValueError(
             f"UCI dataset {folder!r} is not in the cache {str(target.parent.parent)!r} and could not be "
             f"downloaded from {url} ({err}). Without a network, point data_dir= or ${ENV_VAR} at a folder "
