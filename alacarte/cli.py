@@ -1,7 +1,7 @@
 """The ``alacarte`` command line.
 
 * ``alacarte demo`` — the main job on an embedded default: an FSARD feature GP
-  and an exact ARD GP fitted on the SE1 problem (MATH.md §8), compared on test
+  and an exact ARD GP fitted on the SE1 problem (docs/mathematics.md §8), compared on test
   RMSE, NLPD and training time.
 * ``alacarte fit DATA.csv --target y --kernel gm --out model.alacarte`` — fit an
   :class:`~alacarte.AlaCarteRegressor` on a CSV file (header row, numeric cells)

@@ -1,7 +1,7 @@
 """Data-parallel training of a :class:`~alacarte.FeatureGP` on ``torch.distributed``.
 
 Every process holds a shard of the rows.  The marginal likelihood is a function
-of sums over rows (ΦᵀΦ, Φᵀr, rᵀr, n; MATH.md §4), so each evaluation costs two
+of sums over rows (ΦᵀΦ, Φᵀr, rᵀr, n; docs/mathematics.md §4), so each evaluation costs two
 all-reduces: one packed buffer of statistics (D² + D + 3 numbers) after each
 process has streamed its own rows, and one of the parameter gradients after
 each has back-propagated the (then identical) adjoints through its own rows.

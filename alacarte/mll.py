@@ -46,7 +46,7 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
 
     The same value as :class:`gpytorch.mlls.ExactMarginalLogLikelihood`
     (log p(y) plus log priors, divided by n) computed in O(nD² + D³) from one
-    Cholesky factor of A = ΦᵀΦ + σ²I (MATH.md §4); no CG.  When n < D the
+    Cholesky factor of A = ΦᵀΦ + σ²I (docs/mathematics.md §4); no CG.  When n < D the
     identity is read the other way round, through K = ΦΦᵀ + σ²I: then the n×n
     factor is the smaller one, O(n²D + n³) instead of O(nD² + D³).  For n ≥ D
     no n×n matrix is formed.

@@ -1,4 +1,4 @@
-"""The Woodbury marginal likelihood streamed over chunks of rows, with exact gradients (MATH.md §4).
+"""The Woodbury marginal likelihood streamed over chunks of rows, with exact gradients (docs/mathematics.md §4).
 
 The likelihood of a :class:`~alacarte.FeatureGP` depends on the data only
 through the sums over rows ΦᵀΦ, Φᵀr, rᵀr and n.  One evaluation of loss and

@@ -1,4 +1,4 @@
-"""Woodbury marginal likelihood and posterior of a feature-space GP (MATH.md §4).
+"""Woodbury marginal likelihood and posterior of a feature-space GP (docs/mathematics.md §4).
 
 Model: y = μ + Φw + ε, w ~ N(0, I_D), ε ~ N(0, σ²I), r = y − μ.  Everything
 depends on the data only through the sufficient statistics ΦᵀΦ, Φᵀr, rᵀr and n,
@@ -105,7 +105,7 @@ def statistics_adjoint(
     grad_r_r: Tensor | None,
     need_grad_r: bool = True,
 ) -> tuple[Tensor | None, Tensor | None]:
-    """Back-propagate adjoints of (ΦᵀΦ, Φᵀr, rᵀr) to the rows that produced them (MATH.md §4):
+    """Back-propagate adjoints of (ΦᵀΦ, Φᵀr, rᵀr) to the rows that produced them (docs/mathematics.md §4):
 
         ∂L/∂Φ = Φ(Ā + Āᵀ) + r b̄ᵀ,      ∂L/∂r = 2c̄ r + Φ b̄,
 

@@ -1,6 +1,6 @@
 """Draw the tutorial's pictures: a GM kernel fitted on UCI yacht, split 0.
 
-Needs the UCI data (``$ALACARTE_DATA``) and about a minute; the PNGs and the
+Needs the UCI data (``$ALACARTE_DATA``) and about 20 seconds; the PNGs and the
 numbers quoted in ``tutorial.md`` are committed, so building the documentation
 needs neither::
 

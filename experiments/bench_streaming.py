@@ -1,6 +1,6 @@
 """Peak memory and time per likelihood + gradient evaluation: streamed vs in-memory vs GPyTorch.
 
-SE1-like data (d = 18, x ~ N(0, I), MATH.md §8), FSARD with M = 1024
+SE1-like data (d = 18, x ~ N(0, I), docs/mathematics.md §8), FSARD with M = 1024
 frequencies (D = 2048 features) at n = 10⁵, and the streamed path's scaling in
 n (10⁵, 10⁶, 2·10⁶) at ``--scaling-samples`` frequencies; float64, one torch
 thread per process.  Every configuration runs in a fresh subprocess and reports

@@ -1,4 +1,4 @@
-"""SRFF paper Tables 2–6: variable selection on SE1, SE2, SE3 (MATH.md §8).
+"""SRFF paper Tables 2–6: variable selection on SE1, SE2, SE3 (docs/mathematics.md §8).
 
 Protocol of Gregorová et al. (2018), §5: for every replication a fresh draw of
 train (n), validation and test sets (1k each for SE1/SE2, 10k each for SE3);

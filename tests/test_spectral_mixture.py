@@ -94,6 +94,6 @@ def test_closed_form_agrees_with_gpytorch_for_zero_mean(d):
 @pytest.mark.parametrize("q, zero_means", [(1, False), (3, True)])
 def test_closed_form_differs_from_gpytorch_elsewhere(q, zero_means):
     """In d > 1 the families differ: a full-dimensional cosine (μ ≠ 0), or a sum of
-    products vs a product of sums (Q > 1) — the difference MATH.md §3 warns about."""
+    products vs a product of sums (Q > 1) — the difference docs/mathematics.md §3 describes."""
     weights, means, scales = random_mixture(q, 2, torch.Generator().manual_seed(7), zero_means)
     assert compare_with_gpytorch(weights, means, scales, weights ** 0.5) > 0.01

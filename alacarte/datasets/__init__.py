@@ -1,5 +1,5 @@
 """Datasets: the UCI regression benchmark (standard splits) and the synthetic
-problems of the variable-selection papers (MATH.md §8)."""
+problems of the variable-selection papers (docs/mathematics.md §8)."""
 from .synthetic import make_rosasco, make_se1, make_se2, make_se3, rosasco_split
 from .uci import UCISplit, list_uci, load_uci
 

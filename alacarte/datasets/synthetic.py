@@ -1,4 +1,4 @@
-"""Synthetic regression problems from the SRFF paper and Rosasco et al. (MATH.md §8).
+"""Synthetic regression problems from the SRFF paper and Rosasco et al. (docs/mathematics.md §8).
 
 Each generator returns ``(x, y, relevant)``: inputs (n, d), targets (n,) and
 the 0-based indices of the inputs the target depends on.  Draws are

@@ -1,4 +1,4 @@
-"""The Fastfood projection (Le, Sarlós & Smola 2013), MATH.md §2.
+"""The Fastfood projection (Le, Sarlós & Smola 2013), docs/mathematics.md §2.
 
 ``K = ceil(M / p)`` stacked p×p blocks ``V_k = S_k H G_k Π_k H B_k`` act on the
 zero-padded input.  The functions here are stateless: the kernels own the state

@@ -1,4 +1,4 @@
-"""Symmetric (cos, sin) random Fourier features, MATH.md §1.
+"""Symmetric (cos, sin) random Fourier features, docs/mathematics.md §1.
 
 ``φ(x) = scale ⊙ [cos(P), sin(P)]`` for projections ``P = x Ωᵀ`` of shape
 (..., n, M), with ``scale = σ_f / sqrt(M)`` (or one weight per frequency).  One

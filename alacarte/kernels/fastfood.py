@@ -1,4 +1,4 @@
-"""Fastfood kernels: fixed RBF/ARD, FSARD and FSGBARD (MATH.md §2–3)."""
+"""Fastfood kernels: fixed RBF/ARD, FSARD and FSGBARD (docs/mathematics.md §2–3)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Piecewise-linear radial (PWL) kernel on Fastfood directions (MATH.md §3)."""
+"""Piecewise-linear radial (PWL) kernel on Fastfood directions (docs/mathematics.md §3)."""
 from __future__ import annotations
 
 import math

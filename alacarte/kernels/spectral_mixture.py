@@ -1,4 +1,4 @@
-"""Gaussian spectral mixture (GM) kernel on Fastfood features (MATH.md §3)."""
+"""Gaussian spectral mixture (GM) kernel on Fastfood features (docs/mathematics.md §3)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Variable selection (MATH.md §5–7): the simplex projection used by simplex-ARD
+"""Variable selection (docs/mathematics.md §5–7): the simplex projection used by simplex-ARD
 kernels, and estimators that learn which inputs matter — SRFF, RFFNet and the
 derivative-based method of Rosasco et al."""
 from .derivative import DerivativeSelector

@@ -1,4 +1,4 @@
-"""Derivative-based nonlinear variable selection (Rosasco et al. 2010), MATH.md §7.
+"""Derivative-based nonlinear variable selection (Rosasco et al. 2010), docs/mathematics.md §7.
 
 The inputs are first standardised on the training data (each column centred
 and divided by its standard deviation; a constant column is only centred), so

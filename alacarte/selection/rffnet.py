@@ -1,4 +1,4 @@
-"""RFFNet (Otto & Izbicki), MATH.md §6: random Fourier features of an ARD
+"""RFFNet (Otto & Izbicki), docs/mathematics.md §6: random Fourier features of an ARD
 Gaussian kernel, with the relevances learnt jointly with the linear weights.
 
 The model is

@@ -1,4 +1,4 @@
-"""Sparse random Fourier features (SRFF; Gregorová et al. 2018), MATH.md §5."""
+"""Sparse random Fourier features (SRFF; Gregorová et al. 2018), docs/mathematics.md §5."""
 from __future__ import annotations
 
 import math
@@ -137,7 +137,7 @@ def _median_neighbour_distance(x: Tensor, k: int, rng: np.random.Generator) -> f
 class SRFFRegressor(RegressorMixin, BaseEstimator):
     r"""Nonlinear regression with variable selection by sparse random Fourier features.
 
-    The SRFF algorithm of Gregorová et al. (2018), MATH.md §5: Gaussian-kernel
+    The SRFF algorithm of Gregorová et al. (2018), docs/mathematics.md §5: Gaussian-kernel
     random features whose inverse lengthscales γ lie on the simplex cΔ,
 
     .. math::
