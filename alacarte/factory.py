@@ -115,6 +115,8 @@ def make_model(
         'SpectralMixtureFastfoodKernel'
     """
     check_positive_int(num_dims, "num_dims")
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     if isinstance(kernel, FeatureKernel):
         if kernel.num_dims != num_dims:
             raise ValueError(f"the kernel was built for {kernel.num_dims} input dimensions, the data have {num_dims}")

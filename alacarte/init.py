@@ -6,13 +6,14 @@ target has mean 0 and variance 1:
 * lengthscales from a quantile of the distances between random pairs of
   training points — per dimension for ARD, scaled by sqrt(d) so that an ARD
   initialisation of isotropic data equals the isotropic one;
-* signal variance 1 (the target's variance), noise variance 0.01 (noise std a
-  tenth of the target's);
+* signal variance the target's variance (1 once standardised), noise variance
+  0.01 of it (noise std a tenth of the target's);
 * GM: per component, scales 1/ℓ from its own random quantile and means close
   to 0; PWL: ARD lengthscales as above, hat modes spread around the χ_p peak
   sqrt(p), half-widths half the mode.
 
 Each call draws what it needs from ``rng``; restart 0 uses the median quantile.
+Parameters the user froze (``requires_grad=False``) keep their values.
 """
 from __future__ import annotations
 
@@ -86,28 +87,40 @@ def set_noise(model, variance: float) -> None:
 
 
 @torch.no_grad()
-def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int = 0) -> None:
-    """Set ``model``'s hyperparameters from its (standardised) training data."""
+def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int = 0,
+               standardized: bool = False) -> None:
+    """Set ``model``'s trainable hyperparameters from its training data; ``standardized``: the
+    targets were standardised, so their variance is 1 (exactly, not its round-off estimate)."""
+    frozen = [(p, p.detach().clone()) for p in model.parameters() if not p.requires_grad]
+    _initialize(model, x, y, rng, restart, standardized)
+    for parameter, value in frozen:
+        parameter.copy_(value)
+
+
+def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int, standardized: bool) -> None:
     diffs = pair_distances(x, rng)
-    set_noise(model, 0.01 * float(y.var()) if y.numel() > 1 else 0.01)
+    variance = float(y.var()) if y.numel() > 1 else 1.0
+    signal = 1.0 if standardized else variance
+    set_noise(model, 0.01 * variance)
     model.mean_module.constant.fill_(float(y.mean()))
     kernel = model.covar_module
     if not isinstance(kernel, FeatureKernel):  # exact GP: ScaleKernel(RBFKernel)
         base = kernel.base_kernel
         ard = base.ard_num_dims is not None and base.ard_num_dims > 1
         base.lengthscale = _lengthscales(diffs, _draw_quantile(rng, restart), ard)
-        kernel.outputscale = 1.0
+        kernel.outputscale = torch.as_tensor(signal, dtype=kernel.raw_outputscale.dtype)  # (a float goes via float32)
         return
     if kernel.has_outputscale:
-        kernel.outputscale = 1.0
-    ard = kernel.has_lengthscale and kernel.raw_lengthscale.shape[-1] > 1
+        kernel.outputscale = signal
+    # simplex kernels too: per-input scales give π a different start at each restart
+    ard = kernel.simplex or (kernel.has_lengthscale and kernel.raw_lengthscale.shape[-1] > 1)
     if isinstance(kernel, SpectralMixtureFastfoodKernel):
         q_count, d = kernel.num_components, kernel.num_dims
         scales = torch.stack([1.0 / _lengthscales(diffs, _draw_quantile(rng, restart + c), True).reshape(d)
                               for c in range(q_count)])
         kernel.scales = scales
         kernel.means.copy_(_on(rng.normal(0.0, 0.1, size=(q_count, d)), scales) * scales)
-        kernel.weights = torch.full((q_count,), 1.0 / q_count)
+        kernel.weights = torch.full((q_count,), signal / q_count, dtype=scales.dtype)
         return
     lengthscale = _lengthscales(diffs, _draw_quantile(rng, restart), ard)
     if isinstance(kernel, SSGPRKernel):
@@ -119,6 +132,6 @@ def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: i
         c = kernel.num_components
         kernel.modes = math.sqrt(padded_dim(kernel.num_dims)) * torch.as_tensor(rng.uniform(0.5, 1.5, size=c))
         kernel.width_ratios = torch.full((c,), 0.5)
-        kernel.weights = torch.full((c,), 1.0 / c)
+        kernel.weights = torch.full((c,), signal / c, dtype=lengthscale.dtype)
     elif not isinstance(kernel, (FastfoodRBFKernel, RandomFourierKernel)):
         raise ValueError(f"no data-driven initialisation for {type(kernel).__name__}; use restarts=0")

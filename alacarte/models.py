@@ -82,6 +82,11 @@ class _StandardizedGP(ExactGP):
     def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
         num_dims = check_positive_int(num_dims, "num_dims")
         likelihood = likelihood if likelihood is not None else GaussianLikelihood()
+        if type(likelihood) is not GaussianLikelihood:
+            raise ValueError(
+                "alacarte models need a homoskedastic gpytorch.likelihoods.GaussianLikelihood (one noise "
+                f"variance σ², trained or fixed), got {type(likelihood).__name__}"
+            )
         if train_x is not None:
             train_x = check_inputs(as_tensor(train_x, "train_x"), "train_x", num_dims)
             train_y = check_targets(as_tensor(train_y, "train_y", train_x.dtype), train_x.shape[0], "train_y")

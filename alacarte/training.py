@@ -103,7 +103,7 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
     # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
     simplex = SimplexStep(model)
     params = [p for p in model.parameters() if p.requires_grad and not simplex.owns(p)]
-    opt = _make_optimizer(params, optimizer, lr)
+    opt = _make_optimizer(params, optimizer, lr) if params else None  # (None: π alone is trained)
 
     def closure():
         opt.zero_grad()
@@ -112,24 +112,37 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
     losses: list[float] = []
     calm = 0
     failed = False
+    # The start of the current step, and the start of the step before it: the newest point
+    # whose loss is known finite (a step returns the loss where it started).
     good_state = copy.deepcopy(model.state_dict())
+    verified_state = good_state
     with model.inference_settings():
         for _ in range(max_iter):
             try:
-                loss = float(opt.step(closure).detach())
+                if opt is not None:
+                    loss = float(opt.step(closure).detach())
+                else:
+                    loss = float(_negative_mll(model, x, y, backward=False))
                 if simplex:
                     simplex.step(lambda: _negative_mll(model, x, y, backward=False))
             except _BROKEN_FACTORISATION:
                 loss = math.nan
+            if math.isfinite(loss) and any(bool(torch.isnan(p).any()) for p in model.parameters()):
+                # a finite loss with a NaN gradient stepped to NaN (Adam at a large lr); an infinite raw
+                # value is legitimate (σ² set exactly at its bound has raw −∞)
+                loss = math.nan
             if not math.isfinite(loss):
-                # An extreme line-search probe broke the factorisation: back to the last good point.
-                model.load_state_dict(good_state)
                 if not failed:
-                    # Once, retry from there without the optimiser's memory (L-BFGS's curvature
-                    # pairs proposed the step that broke it); two failures in a row end the fit.
+                    # An extreme line-search probe broke the factorisation: once, retry from the start
+                    # of this step without the optimiser's memory (L-BFGS's curvature pairs proposed
+                    # the step that broke it).
+                    model.load_state_dict(good_state)
                     failed = True
-                    opt.state.clear()
+                    if opt is not None:
+                        opt.state.clear()
                     continue
+                # Two failures in a row end the fit, at the newest point known to be finite.
+                model.load_state_dict(verified_state)
                 warnings.warn(
                     f"training stopped after {len(losses)} iterations: the loss became non-finite or the "
                     "covariance lost positive definiteness; the last good parameters are kept",
@@ -138,7 +151,7 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
                 )
                 return losses, False
             failed = False
-            good_state = copy.deepcopy(model.state_dict())
+            verified_state, good_state = good_state, copy.deepcopy(model.state_dict())
             previous = losses[-1] if losses else None
             losses.append(loss)
             bar.update(1)
@@ -149,7 +162,7 @@ def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, 
                 calm += 1
                 if calm >= 3:
                     return losses, True
-                if optimizer == "lbfgs" and loss == previous:
+                if optimizer == "lbfgs" and loss == previous and opt is not None:
                     # A failed line search leaves L-BFGS stuck on a stale curvature
                     # model; restart it from the current point.
                     opt.state.clear()
@@ -259,6 +272,9 @@ def fit(
     if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
     seed = check_seed(seed)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("every parameter of the model is frozen (requires_grad=False): there is nothing to fit; "
+                         "unfreeze one, or use the model as it is (model.eval())")
     streamed = is_streamed_input(x, y, chunk_size, memory_budget, statistics_dtype)
     if streamed:
         if not isinstance(model, FeatureGP):
@@ -308,7 +324,7 @@ def fit(
             best_state = None
             for restart in range(restarts):
                 model.load_state_dict(initial)
-                initialize(model, *initial_data, rng, restart)
+                initialize(model, *initial_data, rng, restart, standardized=standardize)
                 if streamed:  # every process continues from rank 0's initial values
                     data.broadcast_state_(model)
                 with warnings.catch_warnings():

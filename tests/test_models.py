@@ -618,3 +618,83 @@ def test_woodbury_likelihood_refuses_a_target_that_does_not_match_the_prior():
     with pytest.raises(ValueError, match="non-finite"):
         mll(prior, with_value(y.clone(), 3, float("nan")))
     torch.testing.assert_close(mll(prior, torch.stack([y, y]))[1], mll(prior, y))  # batches of targets still work
+
+
+@pytest.mark.parametrize("make", [lambda: feature_model(), lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
+def test_restarts_leave_the_parameters_a_user_froze_alone(make):
+    x, y = toy_data(n=80)
+    model = make()
+    with torch.no_grad():
+        model.likelihood.noise = 0.3
+        model.covar_module.outputscale = 2.0
+        model.mean_module.constant.fill_(0.5)
+    for raw in (model.likelihood.noise_covar.raw_noise, model.covar_module.raw_outputscale,
+                model.mean_module.raw_constant):
+        raw.requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        fit(model, x, y, restarts=3, restart_iter=3, max_iter=3, progress=False)
+    # (GPyTorch's setters take a Python number through float32)
+    assert float(model.likelihood.noise) == pytest.approx(0.3, rel=1e-7)
+    assert float(model.covar_module.outputscale) == pytest.approx(2.0, rel=1e-7)
+    assert float(model.mean_module.constant) == pytest.approx(0.5, rel=1e-7)
+
+
+def test_a_step_to_non_finite_parameters_is_undone_not_kept():
+    """Adam at a huge learning rate: a finite loss with a NaN gradient steps to NaN parameters. The fit
+    stops there with the last finite parameters (it used to keep the NaN ones and then fail deep
+    inside the Cholesky)."""
+    x, y = toy_data(n=100, dtype=torch.float32)
+    model = FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0)).float()
+    with pytest.warns(RuntimeWarning, match="last good parameters are kept"):
+        history = fit(model, x, y, optimizer="adam", lr=100, max_iter=30, restarts=0, progress=False)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(np.isfinite(history.loss)) and torch.isfinite(model.predict(x[:5]).mean).all()
+
+
+def test_unstandardised_targets_start_from_their_own_variance():
+    from alacarte.init import initialize
+
+    x, y = toy_data(n=200)
+    y = 1000 * y + 5
+    for model in (feature_model(), ExactRBFGP(None, None, num_dims=3).double(),
+                  FeatureGP(None, None, alacarte.SpectralMixtureFastfoodKernel(3, 64, num_components=4, seed=0)).double(),
+                  FeatureGP(None, None, alacarte.PiecewiseLinearRadialKernel(3, 64, num_components=2, ard_num_dims=3,
+                                                                             seed=0)).double()):
+        initialize(model, x, y, np.random.default_rng(0))
+        kernel = model.covar_module
+        signal = kernel.weights.sum() if hasattr(kernel, "weights") else kernel.outputscale
+        assert float(signal) == pytest.approx(float(y.var()), rel=1e-9), type(kernel).__name__
+        assert float(model.likelihood.noise) == pytest.approx(0.01 * float(y.var()), rel=1e-6)
+
+
+def test_restarts_of_a_simplex_kernel_with_a_fixed_size_start_from_different_points():
+    x, y = toy_data(n=100, d=4)
+    kernel = FSARDKernel(4, 32, ard_num_dims=4, simplex=True, learn_simplex_size=False, seed=0)
+    model = FeatureGP(None, None, kernel).double()
+    history = fit(model, x, y, restarts=3, restart_iter=3, max_iter=2, progress=False)
+    assert len(set(history.restart_losses)) == 3  # (all three used to start from uniform π, the same point)
+
+
+def test_models_refuse_what_they_cannot_train():
+    x, y = toy_data(n=50)
+    with pytest.raises(ValueError, match="homoskedastic gpytorch.likelihoods.GaussianLikelihood.*FixedNoise"):
+        ExactRBFGP(None, None, num_dims=3,
+                   likelihood=gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=torch.full((50,), 0.01)))
+    frozen = feature_model()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="every parameter of the model is frozen"):
+        fit(frozen, x, y, restarts=0, progress=False)
+    with pytest.raises(ValueError, match="dtype must be torch.float32 or torch.float64"):
+        alacarte.factory.make_model("fsard", 3, dtype=torch.int64)
+    # π alone trainable: no optimiser for the rest, projected-gradient steps on π still run
+    kernel = FSARDKernel(3, 32, ard_num_dims=3, simplex=True, learn_simplex_size=False, seed=0)
+    model = FeatureGP(None, None, kernel).double()
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.endswith("simplex_weights"))
+    before = kernel.simplex_weights.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        history = fit(model, x, y, restarts=0, max_iter=5, progress=False)
+    assert history.iterations >= 1 and not torch.equal(kernel.simplex_weights.detach(), before)
