@@ -663,7 +663,7 @@ def test_unstandardised_targets_start_from_their_own_variance():
                                                                              seed=0)).double()):
         initialize(model, x, y, np.random.default_rng(0))
         kernel = model.covar_module
-        signal = kernel.weights.sum() if hasattr(kernel, "weights") else kernel.outputscale
+        signal = (kernel.weights.sum() if hasattr(kernel, "weights") else kernel.outputscale).detach()
         assert float(signal) == pytest.approx(float(y.var()), rel=1e-9), type(kernel).__name__
         assert float(model.likelihood.noise) == pytest.approx(0.01 * float(y.var()), rel=1e-6)
 
