@@ -665,7 +665,7 @@ def test_unstandardised_targets_start_from_their_own_variance():
         kernel = model.covar_module
         signal = (kernel.weights.sum() if hasattr(kernel, "weights") else kernel.outputscale).detach()
         assert float(signal) == pytest.approx(float(y.var()), rel=1e-9), type(kernel).__name__
-        assert float(model.likelihood.noise) == pytest.approx(0.01 * float(y.var()), rel=1e-6)
+        assert float(model.likelihood.noise.detach()) == pytest.approx(0.01 * float(y.var()), rel=1e-6)
 
 
 def test_restarts_of_a_simplex_kernel_with_a_fixed_size_start_from_different_points():
