@@ -223,7 +223,7 @@ def _settings(row: dict) -> tuple:
         value = row.get(name)
         return None if value in (None, "") else int(value)
     return (number("max_iter"), number("restarts"), number("restart_iter"), noise_floor_of(row),
-            str(row.get("device") or "cpu").startswith("cuda"), number("num_features"), number("components"))
+            ran_on_gpu(row), number("num_features"), number("components"))
 
 
 def _cell_key(row: dict) -> tuple:
@@ -547,6 +547,11 @@ def noise_floor_of(row: dict) -> float:
     return float(row.get("noise_floor") or DEFAULT_NOISE_FLOOR)
 
 
+def ran_on_gpu(row: dict) -> bool:
+    """Whether a results row was fitted on a GPU (rows from before the device column ran on the CPU)."""
+    return str(row.get("device") or "cpu").startswith("cuda")
+
+
 def ended_at_noise_floor(row: dict) -> bool | None:
     """Whether a results row's fit ended with σ² at its bound; ``None`` where σ² was not recorded."""
     return noise_at_bound(float(row["noise"]), noise_floor_of(row)) if row.get("noise") else None
@@ -574,7 +579,7 @@ def _column_of(rows: list[dict]):
         method, features = r["method"], _features(r)
         return Column(method, features if len(sizes[method]) > 1 and features else None,
                       int(r["max_iter"]) if len(iterations[method]) > 1 else None,
-                      (r.get("device") or "cpu").startswith("cuda"),
+                      ran_on_gpu(r),
                       noise_floor_of(r) if len(floors[method]) > 1 or noise_floor_of(r) != DEFAULT_NOISE_FLOOR
                       else None,
                       int(r["restarts"]) if len(restarts[method]) > 1 and r.get("restarts") else None,

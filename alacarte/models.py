@@ -230,8 +230,7 @@ class FeatureGP(_StandardizedGP):
     def __init__(self, train_x, train_y, kernel: FeatureKernel, likelihood: GaussianLikelihood | None = None):
         if not isinstance(kernel, FeatureKernel):
             raise ValueError(f"FeatureGP needs an alacarte FeatureKernel, got {type(kernel).__name__}")
-        super().__init__(train_x, train_y, likelihood, kernel.num_dims)
-        homoskedastic_noise(self.likelihood)
+        super().__init__(train_x, train_y, likelihood, kernel.num_dims)  # (checks the likelihood)
         self.covar_module = kernel
         self._posterior: WoodburyPosterior | None = None
 

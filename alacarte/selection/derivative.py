@@ -266,7 +266,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         if not converged:
             warnings.warn(f"DerivativeSelector did not converge in max_iter={self.max_iter} iterations "
                           f"(tol={self.tol}); raise max_iter or tol", ConvergenceWarning, stacklevel=2)
-        # D̂ⱼ f = Zⱼᵀα + Lⱼβ: the partial derivatives at the training points
+        # D̂ⱼ f = Zⱼᵀα + Lⱼβ: the partial derivatives at the training points, computed afresh rather than
+        # taken from the carried values, so that what is reported holds no round-off carried over the iterations
         grads = (Z.T @ alpha + L @ beta).reshape(d, n)
         self.derivative_norms_ = grads.square().mean(1).sqrt().numpy()
         self.fitted_values_ = (K @ alpha + Z @ beta).numpy() + self.y_mean_
