@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import math
 import numbers
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from tqdm.auto import tqdm
 
+from ._checkpoint import FitCheckpoint, data_fingerprint, model_fingerprint
 from ._validation import (
     check_learnable_targets,
     check_nonnegative_int,
@@ -97,78 +99,110 @@ def _make_optimizer(params, optimizer: str, lr: float | None) -> torch.optim.Opt
     return torch.optim.Adam(params, lr=lr or 0.05)
 
 
-def _optimize(model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, bar) -> tuple[list[float], bool]:
-    """Run the optimiser from the model's current state; returns (losses, converged)."""
-    model.train()
-    # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
-    simplex = SimplexStep(model)
-    params = [p for p in model.parameters() if p.requires_grad and not simplex.owns(p)]
-    opt = _make_optimizer(params, optimizer, lr) if params else None  # (None: π alone is trained)
+class _Optimization:
+    """One run of the optimiser from the model's current state — a restart's, the final one or
+    the noise refit — that can be saved between iterations and resumed bit for bit:
+    :meth:`state_dict` holds everything the next iteration depends on."""
 
-    def closure():
-        opt.zero_grad()
-        return _negative_mll(model, x, y, backward=True)
+    def __init__(self, model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, bar):
+        self.model, self.x, self.y = model, x, y
+        self.lbfgs, self.max_iter, self.tolerance, self.bar = optimizer == "lbfgs", max_iter, tolerance, bar
+        # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
+        self.simplex = SimplexStep(model)
+        params = [p for p in model.parameters() if p.requires_grad and not self.simplex.owns(p)]
+        self.opt = _make_optimizer(params, optimizer, lr) if params else None  # (None: π alone is trained)
+        self.iteration = 0
+        self.losses: list[float] = []
+        self.calm = 0
+        self.failed = False
+        # The start of the current step, and the start of the step before it: the newest point
+        # whose loss is known finite (a step returns the loss where it started).
+        self.good_state = copy.deepcopy(model.state_dict())
+        self.verified_state = self.good_state
 
-    losses: list[float] = []
-    calm = 0
-    failed = False
-    # The start of the current step, and the start of the step before it: the newest point
-    # whose loss is known finite (a step returns the loss where it started).
-    good_state = copy.deepcopy(model.state_dict())
-    verified_state = good_state
-    with model.inference_settings():
-        for _ in range(max_iter):
-            try:
-                if opt is not None:
-                    loss = float(opt.step(closure).detach())
-                else:
-                    loss = float(_negative_mll(model, x, y, backward=False))
-                if simplex:
-                    simplex.step(lambda: _negative_mll(model, x, y, backward=False))
-            except _BROKEN_FACTORISATION:
-                loss = math.nan
-            if math.isfinite(loss) and any(bool(torch.isnan(p).any()) for p in model.parameters()):
-                # a finite loss with a NaN gradient stepped to NaN (Adam at a large lr); an infinite raw
-                # value is legitimate (σ² set exactly at its bound has raw −∞)
-                loss = math.nan
-            if not math.isfinite(loss):
-                if not failed:
-                    # An extreme line-search probe broke the factorisation: once, retry from the start
-                    # of this step without the optimiser's memory (L-BFGS's curvature pairs proposed
-                    # the step that broke it).
-                    model.load_state_dict(good_state)
-                    failed = True
-                    if opt is not None:
+    def state_dict(self) -> dict:
+        return {
+            "iteration": self.iteration, "model": self.model.state_dict(),
+            "optimizer": None if self.opt is None else self.opt.state_dict(), "simplex": self.simplex.state_dict(),
+            "losses": self.losses, "calm": self.calm, "failed": self.failed,
+            "good_state": self.good_state, "verified_state": self.verified_state,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        if self.opt is not None:
+            self.opt.load_state_dict(state["optimizer"])
+        self.simplex.load_state_dict(state["simplex"])
+        self.iteration, self.losses, self.calm, self.failed = (
+            state["iteration"], list(state["losses"]), state["calm"], state["failed"])
+        self.good_state, self.verified_state = state["good_state"], state["verified_state"]
+
+    def _loss(self, backward: bool):
+        return _negative_mll(self.model, self.x, self.y, backward=backward)
+
+    def run(self, before_iteration=None) -> tuple[list[float], bool]:
+        """Iterate until convergence or ``max_iter``; returns (losses, converged).
+        ``before_iteration()`` is called at the start of every iteration (to save a checkpoint)."""
+        model, opt, simplex = self.model, self.opt, self.simplex
+        model.train()
+
+        def closure():
+            opt.zero_grad()
+            return self._loss(backward=True)
+
+        with model.inference_settings():
+            while self.iteration < self.max_iter:
+                if before_iteration is not None:
+                    before_iteration()
+                self.iteration += 1
+                try:
+                    loss = float(opt.step(closure).detach()) if opt is not None else float(self._loss(False))
+                    if simplex:
+                        simplex.step(lambda: self._loss(backward=False))
+                except _BROKEN_FACTORISATION:
+                    loss = math.nan
+                if math.isfinite(loss) and any(bool(torch.isnan(p).any()) for p in model.parameters()):
+                    # a finite loss with a NaN gradient stepped to NaN (Adam at a large lr); an infinite raw
+                    # value is legitimate (σ² set exactly at its bound has raw −∞)
+                    loss = math.nan
+                if not math.isfinite(loss):
+                    if not self.failed:
+                        # An extreme line-search probe broke the factorisation: once, retry from the start
+                        # of this step without the optimiser's memory (L-BFGS's curvature pairs proposed
+                        # the step that broke it).
+                        model.load_state_dict(self.good_state)
+                        self.failed = True
+                        if opt is not None:
+                            opt.state.clear()
+                        continue
+                    # Two failures in a row end the fit, at the newest point known to be finite.
+                    model.load_state_dict(self.verified_state)
+                    warnings.warn(
+                        f"training stopped after {len(self.losses)} iterations: the loss became non-finite or the "
+                        "covariance lost positive definiteness; the last good parameters are kept",
+                        RuntimeWarning,
+                        stacklevel=5,  # run, _run_stage, _Training.run, fit, the caller
+                    )
+                    return self.losses, False
+                self.failed = False
+                self.verified_state, self.good_state = self.good_state, copy.deepcopy(model.state_dict())
+                previous = self.losses[-1] if self.losses else None
+                self.losses.append(loss)
+                self.bar.update(1)
+                self.bar.set_postfix(loss=f"{loss:.5g}")
+                # π still moving (towards exact zeros, often at no visible change of the loss) is not convergence.
+                pi_settled = not (simplex and simplex.moved)
+                if previous is not None and pi_settled and abs(previous - loss) <= self.tolerance * max(1.0, abs(loss)):
+                    self.calm += 1
+                    if self.calm >= 3:
+                        return self.losses, True
+                    if self.lbfgs and loss == previous and opt is not None:
+                        # A failed line search leaves L-BFGS stuck on a stale curvature
+                        # model; restart it from the current point.
                         opt.state.clear()
-                    continue
-                # Two failures in a row end the fit, at the newest point known to be finite.
-                model.load_state_dict(verified_state)
-                warnings.warn(
-                    f"training stopped after {len(losses)} iterations: the loss became non-finite or the "
-                    "covariance lost positive definiteness; the last good parameters are kept",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                return losses, False
-            failed = False
-            verified_state, good_state = good_state, copy.deepcopy(model.state_dict())
-            previous = losses[-1] if losses else None
-            losses.append(loss)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.5g}")
-            # π still moving (towards exact zeros, often at no visible change of the loss) is not convergence.
-            pi_settled = not (simplex and simplex.moved)
-            if previous is not None and pi_settled and abs(previous - loss) <= tolerance * max(1.0, abs(loss)):
-                calm += 1
-                if calm >= 3:
-                    return losses, True
-                if optimizer == "lbfgs" and loss == previous and opt is not None:
-                    # A failed line search leaves L-BFGS stuck on a stale curvature
-                    # model; restart it from the current point.
-                    opt.state.clear()
-            else:
-                calm = 0
-    return losses, False
+                else:
+                    self.calm = 0
+        return self.losses, False
 
 
 @torch.no_grad()
@@ -176,6 +210,166 @@ def _current_loss(model, x, y) -> float:
     model.train()
     with model.inference_settings():
         return float(_negative_mll(model, x, y, backward=False))
+
+
+# Seconds between checkpoint writes: a killed fit loses at most this much work (and the
+# first iteration of every stage is saved whatever the time).
+_CHECKPOINT_INTERVAL = 10.0
+_STAGES = ("restart", "final", "refit", "done")
+
+
+class _Training:
+    """:func:`fit`'s stages — restarts, the final optimisation, the refit from a larger
+    noise — and what they decide, saved to a checkpoint (when given) at the start of
+    iterations and resumed from it: a resumed fit ends bit for bit where the
+    uninterrupted fit would have."""
+
+    def __init__(self, model, x, y, initial_data, data, *, optimizer, max_iter, restarts, restart_iter, lr,
+                 tolerance, seed, standardize, bar, jitters, checkpoint: FitCheckpoint | None):
+        self.model, self.x, self.y, self.initial_data, self.data = model, x, y, initial_data, data
+        self.optimizer, self.max_iter, self.lr, self.tolerance = optimizer, max_iter, lr, tolerance
+        self.restarts, self.restart_iter, self.standardize = restarts, restart_iter, standardize
+        self.bar, self.jitters, self.checkpoint = bar, jitters, checkpoint
+        self.history = FitHistory(optimizer=optimizer)
+        self.rng = np.random.default_rng(seed)
+        self.initial = copy.deepcopy(model.state_dict()) if restarts else None
+        self.best_state = None
+        self.at_bound = None  # (loss, state) where the final optimisation ended, before the noise refit
+        self.stage = ("restart", 0)
+        self.current: _Optimization | None = None
+        self.started, self.earlier_seconds, self.last_save = time.perf_counter(), 0.0, -math.inf
+        self.resume = checkpoint.load() if checkpoint is not None else None
+        if self.resume is not None:
+            self._restore(self.resume)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def seconds(self) -> float:
+        return self.earlier_seconds + time.perf_counter() - self.started
+
+    def _snapshot(self) -> dict:
+        h = self.history
+        return {
+            "stage": list(self.stage), "run": None if self.current is None else self.current.state_dict(),
+            "model": self.model.state_dict() if self.current is None else None,
+            "rng": self.rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+            "best_state": self.best_state, "at_bound": self.at_bound,
+            "history": {"loss": h.loss, "converged": h.converged, "restart_losses": h.restart_losses,
+                        "chosen_restart": h.chosen_restart, "noise_refit_loss": h.noise_refit_loss},
+            "jitters": list(self.jitters), "bar": [self.bar.n, self.bar.total],
+            "seconds": self.history.seconds if self.stage == ("done", 0) else self.seconds(),
+        }
+
+    def _restore(self, saved: dict) -> None:
+        """Everything but the interrupted run (restored when its stage comes)."""
+        self.rng.bit_generator.state = saved["rng"]
+        torch.set_rng_state(saved["torch_rng"])
+        self.best_state, self.at_bound = saved["best_state"], saved["at_bound"]
+        for name, value in saved["history"].items():
+            setattr(self.history, name, value)
+        self.jitters.extend(saved["jitters"])
+        self.bar.total = saved["bar"][1]
+        self.bar.update(saved["bar"][0])
+        self.earlier_seconds = saved["seconds"]
+        if saved["model"] is not None:
+            self.model.load_state_dict(saved["model"])
+
+    def _save(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.checkpoint is not None and (force or now - self.last_save >= _CHECKPOINT_INTERVAL):
+            self.checkpoint.save(self._snapshot())
+            self.last_save = now
+
+    # -- stages ----------------------------------------------------------------------------------
+    def _skipped(self, stage: tuple[str, int]) -> bool:
+        """Whether the checkpoint is past ``stage`` (a resumed fit does not run it again)."""
+        if self.resume is None:
+            return False
+        saved = (_STAGES.index(self.resume["stage"][0]), self.resume["stage"][1])
+        return saved > (_STAGES.index(stage[0]), stage[1])
+
+    def _resuming(self, stage: tuple[str, int]) -> bool:
+        return self.resume is not None and tuple(self.resume["stage"]) == stage
+
+    def _run_stage(self, stage: tuple[str, int], max_iter: int, begin) -> tuple[list[float], bool]:
+        """One optimisation: begun here by ``begin()``, or continued from the checkpoint."""
+        self.stage = stage
+        resumed = self._resuming(stage)
+        if not resumed:
+            begin()
+        self.current = _Optimization(self.model, self.x, self.y, self.optimizer, max_iter, self.lr,
+                                     self.tolerance, self.bar)
+        if resumed:
+            self.current.load_state_dict(self.resume["run"])
+            self.resume = None
+        self.last_save = -math.inf  # save every stage's first iteration
+        try:
+            return self.current.run(self._save)
+        finally:
+            self.current = None
+
+    def run(self) -> FitHistory:
+        model, history = self.model, self.history
+        for restart in range(self.restarts):
+            if self._skipped(("restart", restart)):
+                continue
+
+            def begin(restart=restart):
+                model.load_state_dict(self.initial)
+                initialize(model, *self.initial_data, self.rng, restart, standardized=self.standardize)
+                if self.data is not None:  # every process continues from rank 0's initial values
+                    self.data.broadcast_state_(model)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a restart that fails is just not chosen
+                self._run_stage(("restart", restart), self.restart_iter, begin)
+            try:
+                loss = _current_loss(model, self.x, self.y)
+            except _BROKEN_FACTORISATION:
+                loss = math.inf
+            loss = loss if math.isfinite(loss) else math.inf
+            history.restart_losses.append(loss)
+            if self.best_state is None or loss < min(history.restart_losses[:-1]):
+                self.best_state, history.chosen_restart = copy.deepcopy(model.state_dict()), restart
+        if not self._skipped(("final", 0)):
+            history.loss, history.converged = self._run_stage(
+                ("final", 0), self.max_iter, lambda: self.restarts and model.load_state_dict(self.best_state))
+        if self._resuming(("refit", 0)) or (
+            not self._skipped(("refit", 0))
+            and _noise_at_lower_bound(model) is not None
+            and model.likelihood.noise_covar.raw_noise.requires_grad
+        ):
+            self._refit_from_larger_noise()
+        if self._resuming(("done", 0)):  # finished before: its result, as it was
+            history.seconds = self.earlier_seconds
+        else:
+            history.seconds = self.seconds()
+            self.stage = ("done", 0)
+            self._save(force=True)
+        self.resume = None
+        return history
+
+    def _refit_from_larger_noise(self) -> None:
+        """Optimise again from σ² = 0.1 × the target variance; keep the refit if its loss is lower (see :func:`fit`).
+
+        Streamed targets (``y`` None) are taken as standardised, variance 1: every process of a
+        distributed fit must start the refit from the same σ²."""
+        model, x, y, history = self.model, self.x, self.y, self.history
+
+        def begin():
+            self.at_bound = (_current_loss(model, x, y), copy.deepcopy(model.state_dict()))
+            set_noise(model, 0.1 * (float(y.var()) if y is not None and y.numel() > 1 else 1.0))
+            self.bar.total += self.max_iter
+
+        losses, converged = self._run_stage(("refit", 0), self.max_iter, begin)
+        try:
+            history.noise_refit_loss = _current_loss(model, x, y)
+        except _BROKEN_FACTORISATION:
+            history.noise_refit_loss = math.inf
+        if history.noise_refit_loss < self.at_bound[0]:
+            history.loss += losses
+            history.converged = converged
+        else:
+            model.load_state_dict(self.at_bound[1])
 
 
 def fit(
@@ -195,6 +389,7 @@ def fit(
     chunk_size: int | None = None,
     memory_budget: int | None = None,
     statistics_dtype: torch.dtype | None = None,
+    checkpoint: str | os.PathLike | None = None,
 ) -> FitHistory:
     """Fit a GP's hyperparameters by maximising its marginal likelihood.
 
@@ -227,6 +422,19 @@ def fit(
     initialise from the first 10 000 rows; the posterior for prediction is
     streamed at the end.  For several processes see :mod:`alacarte.distributed`.
 
+    **Resuming a killed fit.**  With ``checkpoint=path`` the fit's progress —
+    the model, the optimiser's memory, the random generators and the stage
+    (which restart, the final optimisation, the noise refit) — is written to
+    ``path`` at the first iteration of every stage and then every 10 seconds,
+    atomically (a kill mid-write leaves the previous checkpoint).  Calling
+    ``fit`` again with the same model as built, data, settings and path resumes
+    from it and ends bit for bit where the uninterrupted fit would have; once
+    the fit has finished the file holds its result, and the call returns it at
+    once.  A checkpoint of another fit (other settings, data, or a model with
+    other parameters or random features) is refused with a ``ValueError``:
+    delete it to fit from the start.  In a distributed fit rank 0 reads and
+    writes the file.
+
     Args:
         model: a :class:`~alacarte.FeatureGP` or :class:`~alacarte.ExactRBFGP`.
         x, y: training data, (n, d) and (n,), tensors or (memory-mapped) arrays;
@@ -247,6 +455,8 @@ def fit(
         statistics_dtype: accumulate ΦᵀΦ, Φᵀr, rᵀr and the loss in this dtype,
             e.g. ``torch.float64`` for a float32 model: float32 features with
             float64 accuracy of the likelihood.
+        checkpoint: a file that keeps the fit's progress, so that a killed fit
+            resumes (see above); ``None``: none.
 
     Returns:
         The :class:`FitHistory`; the model is left in eval mode.
@@ -272,6 +482,7 @@ def fit(
     if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
     seed = check_seed(seed)
+    given_model = model_fingerprint(model) if checkpoint is not None else None
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("every parameter of the model is frozen (requires_grad=False): there is nothing to fit; "
                          "unfreeze one, or use the model as it is (model.eval())")
@@ -295,6 +506,7 @@ def fit(
     else:
         x, y = model.check_data(x, y)
         check_learnable_targets(x.shape[0], float(y.min()), float(y.max()))
+        raw_x, raw_y = x, y
     if seed is not None:
         torch.manual_seed(seed)
     if standardize and streamed:
@@ -314,35 +526,24 @@ def fit(
         model.set_train_data(x, y, strict=False)
         initial_data = (x, y)
 
-    history = FitHistory(optimizer=optimizer)
-    start = time.perf_counter()
+    store = None
+    if checkpoint is not None:
+        key = {
+            "optimizer": optimizer, "max_iter": max_iter, "restarts": restarts,
+            "restart_iter": restart_iter if restarts else None, "lr": lr, "tolerance": float(tolerance),
+            "standardize": standardize, "seed": seed, "model": given_model,
+            "chunk_rows": data.rows(model) if streamed else None,
+            "statistics_dtype": str(data.statistics_dtype) if streamed else None,
+            "data": data_fingerprint(data.chunks(model) if streamed else [(raw_x, raw_y)]),
+        }
+        store = FitCheckpoint(checkpoint, key, data if streamed else None)
     total = max_iter + restarts * restart_iter
     with tqdm(total=total, disable=not progress, desc="fit", leave=False) as bar, collect_jitter() as jitters:
-        if restarts:
-            rng = np.random.default_rng(seed)
-            initial = copy.deepcopy(model.state_dict())
-            best_state = None
-            for restart in range(restarts):
-                model.load_state_dict(initial)
-                initialize(model, *initial_data, rng, restart, standardized=standardize)
-                if streamed:  # every process continues from rank 0's initial values
-                    data.broadcast_state_(model)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # a restart that fails is just not chosen
-                    _optimize(model, x, y, optimizer, restart_iter, lr, tolerance, bar)
-                try:
-                    loss = _current_loss(model, x, y)
-                except _BROKEN_FACTORISATION:
-                    loss = math.inf
-                loss = loss if math.isfinite(loss) else math.inf
-                history.restart_losses.append(loss)
-                if best_state is None or loss < min(history.restart_losses[:-1]):
-                    best_state, history.chosen_restart = copy.deepcopy(model.state_dict()), restart
-            model.load_state_dict(best_state)
-        history.loss, history.converged = _optimize(model, x, y, optimizer, max_iter, lr, tolerance, bar)
-        if _noise_at_lower_bound(model) is not None and model.likelihood.noise_covar.raw_noise.requires_grad:
-            _refit_from_larger_noise(model, x, y, history, optimizer, max_iter, lr, tolerance, bar)
-    history.seconds = time.perf_counter() - start
+        history = _Training(
+            model, x, y, initial_data, data if streamed else None, optimizer=optimizer, max_iter=max_iter,
+            restarts=restarts, restart_iter=restart_iter, lr=lr, tolerance=tolerance, seed=seed,
+            standardize=standardize, bar=bar, jitters=jitters, checkpoint=store,
+        ).run()
     if jitters:  # one warning per fit, not one per iteration
         warnings.warn(
             f"ΦᵀΦ + σ²I (ΦΦᵀ + σ²I when n < D) was not numerically positive definite in {len(jitters)} "
@@ -369,26 +570,6 @@ def _noise_at_lower_bound(model) -> tuple[float, float] | None:
     bound = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
     noise = float(model.likelihood.noise.detach().min())
     return (noise, bound) if noise_at_bound(noise, bound) else None
-
-
-def _refit_from_larger_noise(model, x, y, history: FitHistory, optimizer, max_iter, lr, tolerance, bar) -> None:
-    """Optimise again from σ² = 0.1 × the target variance; keep the refit if its loss is lower (see :func:`fit`).
-
-    Streamed targets (``y`` None) are taken as standardised, variance 1: every process of a
-    distributed fit must start the refit from the same σ²."""
-    at_bound = (_current_loss(model, x, y), copy.deepcopy(model.state_dict()))
-    set_noise(model, 0.1 * (float(y.var()) if y is not None and y.numel() > 1 else 1.0))
-    bar.total += max_iter
-    losses, converged = _optimize(model, x, y, optimizer, max_iter, lr, tolerance, bar)
-    try:
-        history.noise_refit_loss = _current_loss(model, x, y)
-    except _BROKEN_FACTORISATION:
-        history.noise_refit_loss = math.inf
-    if history.noise_refit_loss < at_bound[0]:
-        history.loss += losses
-        history.converged = converged
-    else:
-        model.load_state_dict(at_bound[1])
 
 
 def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:

@@ -14,8 +14,42 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import alacarte.distributed as ad  # noqa: E402
+import alacarte.training as tr  # noqa: E402
 from alacarte.streaming import ChunkedData, streamed_negative_mll  # noqa: E402
 from streaming_case import make_case  # noqa: E402
+
+
+class Killed(Exception):
+    pass
+
+
+def resume_from_checkpoint(x, y, path: str) -> dict:
+    """An uninterrupted fit, and the same fit killed after 9 evaluations on every process and resumed."""
+    settings = dict(chunk_size=7, restarts=2, restart_iter=2, max_iter=6, progress=False)
+    model = make_case()[2]
+    ad.fit(model, x, y, **settings)
+    result = {"reference": {k: v.clone() for k, v in model.state_dict().items()}}
+    tr._CHECKPOINT_INTERVAL = 0.0
+    evaluate, calls = tr._negative_mll, [0]
+
+    def killed_at_the_ninth(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 9:
+            raise Killed
+        return evaluate(*args, **kwargs)
+
+    tr._negative_mll = killed_at_the_ninth
+    try:
+        ad.fit(make_case()[2], x, y, checkpoint=path, **settings)
+    except Killed:
+        result["killed"] = True
+    finally:
+        tr._negative_mll = evaluate
+    result["saved_stage"] = torch.load(path, weights_only=True)["progress"]["stage"]
+    model = make_case()[2]
+    ad.fit(model, x, y, checkpoint=path, **settings)
+    result["resumed"] = {k: v.clone() for k, v in model.state_dict().items()}
+    return result
 
 
 def main() -> None:
@@ -28,6 +62,9 @@ def main() -> None:
         x, y, model = make_case(seed=rank if scenario == "seed" else 0)
         rows = ad.shard(len(x))
         ad.check_identical_state(model)
+        if scenario == "checkpoint":
+            result.update(resume_from_checkpoint(x[rows], y[rows], os.path.join(out_dir, "fit.ckpt")))
+            raise SystemExit
         if scenario == "dead" and rank == 1:
             os._exit(3)  # a peer that dies in the middle of training
         if scenario == "dead":
@@ -45,6 +82,8 @@ def main() -> None:
         # Restarts initialise from rank 0's rows: every process must continue from the same point.
         ad.fit(model, x[rows], y[rows], chunk_size=7, restarts=2, restart_iter=2, max_iter=2)
         result["restarted_state"] = {k: v.clone() for k, v in model.state_dict().items()}
+    except SystemExit:
+        pass
     except Exception as err:  # reported to the test, which checks the message
         result["error"] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))

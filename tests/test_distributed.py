@@ -98,6 +98,17 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         assert torch.equal(value, results[1]["restarted_state"][name]), name
 
 
+def test_killed_distributed_fit_resumes_from_rank_zeros_checkpoint(tmp_path):
+    results, _ = _launch("checkpoint", tmp_path)
+    for r in (0, 1):
+        assert "error" not in results[r] and "exit" not in results[r], results[r]
+        assert results[r]["killed"]
+        for name, value in results[r]["reference"].items():
+            assert torch.equal(results[r]["resumed"][name], value), (r, name)
+    assert results[0]["saved_stage"] == ["restart", 1]  # the resumed fits skipped restart 0
+    assert [p.name for p in tmp_path.iterdir() if "ckpt" in p.name] == ["fit.ckpt"]  # rank 0 alone writes
+
+
 def test_mismatched_seed_is_reported(tmp_path):
     results, _ = _launch("seed", tmp_path)
     for r in (0, 1):

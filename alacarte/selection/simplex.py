@@ -170,6 +170,17 @@ class SimplexStep:
     def __bool__(self) -> bool:
         return bool(self.modules)
 
+    def state_dict(self) -> dict:
+        """What the next :meth:`step` depends on besides π itself (a resumed fit continues bit for bit)."""
+        fista = self.fista
+        return {"step_size": fista.step_size, "momentum": fista.momentum, "extrapolation": fista.extrapolation,
+                "previous": fista._previous, "moved": self.moved}
+
+    def load_state_dict(self, state: dict) -> None:
+        fista = self.fista
+        fista.step_size, fista.momentum, fista.extrapolation = state["step_size"], state["momentum"], state["extrapolation"]
+        fista._previous, self.moved = state["previous"], state["moved"]
+
     def owns(self, parameter: Tensor) -> bool:
         return any(parameter is p for p in self.parameters)
 

@@ -1,0 +1,148 @@
+"""A fit's progress in one file, so that a killed :func:`alacarte.fit` resumes where it was.
+
+The file holds a *key* — the fit's settings and fingerprints (SHA-256) of the model
+as it was given and of the training data — and the progress: which stage
+(restart k, the final optimisation, the noise refit, done), the optimiser's
+and the model's state, the random generators' states and what the earlier
+stages decided.  A file whose key differs from the fit asking for it is refused
+with a ``ValueError`` naming the differences: resuming another fit would
+silently return a wrong model.
+
+Writes are atomic (temporary file, fsync, ``os.replace``): a kill mid-write
+leaves the previous checkpoint.  Reads use ``torch.load(weights_only=True)``:
+no pickled code runs.
+
+In a data-parallel fit rank 0 alone writes and reads the file and sends what it
+read to the other processes; the key holds every process's data fingerprint.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+FORMAT = "alacarte-fit-checkpoint-1"
+# Key entries that are fingerprints: a difference is said in words, not as two hashes.
+_FINGERPRINTED = {
+    "model": "the model given to fit differs (parameters, buffers such as the random features, or frozen ones)",
+    "data": "the training data differ",
+}
+
+
+def tensor_digest(hasher, tensor: Tensor) -> None:
+    """Feed ``tensor``'s dtype, shape and bytes to ``hasher``."""
+    tensor = tensor.detach()
+    hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+    hasher.update(tensor.reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's class, parameters, buffers and which parameters are trained."""
+    hasher = hashlib.sha256(type(model).__qualname__.encode())
+    for name, value in model.state_dict().items():
+        hasher.update(name.encode())
+        tensor_digest(hasher, value)
+    for name, parameter in model.named_parameters():
+        hasher.update(f"{name}:{parameter.requires_grad}".encode())
+    return hasher.hexdigest()
+
+
+def data_fingerprint(batches) -> str:
+    """SHA-256 of the rows, given as ``(x, y)`` batches in order (independent of how they are batched)."""
+    x_hash, y_hash = hashlib.sha256(), hashlib.sha256()
+    rows = 0
+    for x, y in batches:
+        x, y = x.detach(), y.detach()
+        x_hash.update(x.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        y_hash.update(y.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        rows += x.shape[0]
+        dtype = x.dtype
+    return hashlib.sha256(f"{rows} {dtype}".encode() + x_hash.digest() + y_hash.digest()).hexdigest()
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    from .io import _atomic_write  # the model files' writer: temporary file, fsync, os.replace
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    _atomic_write(path, buffer.getvalue())
+
+
+class FitCheckpoint:
+    """The checkpoint file of one fit: :meth:`load` once at the start, :meth:`save` as it goes.
+
+    ``data`` is the fit's :class:`~alacarte.streaming.ChunkedData` when it is
+    distributed (rank 0 then reads and writes for every process), else ``None``.
+    """
+
+    def __init__(self, path: str | os.PathLike, key: dict[str, Any], data=None):
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise ValueError(f"checkpoint {self.path} is a directory; give the path of a file")
+        if not self.path.parent.is_dir():
+            raise ValueError(f"checkpoint {self.path}: its directory {self.path.parent} does not exist")
+        self.distributed = data is not None and data.distributed
+        self.group = data.group if self.distributed else None
+        self.key = dict(key)
+        if self.distributed:
+            import torch.distributed as dist
+
+            fingerprints = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(fingerprints, self.key.pop("data"), group=self.group)
+            self.key["data"] = fingerprints
+            self.writer = dist.get_rank(self.group) == 0
+        else:
+            self.writer = True
+
+    def load(self) -> dict[str, Any] | None:
+        """The saved progress of this fit, or ``None`` when there is no file yet."""
+        progress, error = None, None
+        if self.writer:
+            try:
+                progress = self._read()
+            except ValueError as err:
+                error = str(err)
+        if self.distributed:
+            import torch.distributed as dist
+
+            shared = [progress, error]
+            dist.broadcast_object_list(shared, src=dist.get_global_rank(self.group, 0) if self.group else 0,
+                                       group=self.group)
+            progress, error = shared
+        if error is not None:
+            raise ValueError(error)
+        return progress
+
+    def _read(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        try:
+            record = torch.load(self.path, map_location="cpu", weights_only=True)
+        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+            raise ValueError(f"checkpoint {self.path} cannot be read ({type(err).__name__}: {err}); it is damaged "
+                             "or not a fit checkpoint — delete it to fit from the start") from None
+        if not (isinstance(record, dict) and record.get("format") == FORMAT):
+            raise ValueError(f"{self.path} is not an alacarte fit checkpoint (format {FORMAT!r}); "
+                             "pass another path, or delete it to fit from the start")
+        differences = [
+            _FINGERPRINTED.get(name) or f"{name}: {record['key'].get(name)!r} there, {value!r} here"
+            for name, value in self.key.items()
+            if record["key"].get(name) != value
+        ]
+        if differences:
+            raise ValueError(
+                f"checkpoint {self.path} is of another fit ({'; '.join(differences)}); resuming it would not give "
+                "this fit's result — pass another path, or delete it to fit from the start"
+            )
+        return record["progress"]
+
+    def save(self, progress: dict[str, Any]) -> None:
+        if self.writer:
+            _atomic_save({"format": FORMAT, "key": self.key, "progress": progress}, self.path)

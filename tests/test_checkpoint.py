@@ -1,0 +1,185 @@
+"""fit(checkpoint=...): a fit killed anywhere resumes and ends bit for bit where the uninterrupted fit does."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import alacarte.training as training
+from alacarte import FSARDKernel, fit
+from alacarte.factory import make_model
+
+
+class Killed(Exception):
+    """Stands for the process being killed at a given evaluation of the likelihood."""
+
+
+def _data(n=120, noise=0.1):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 4))
+    return x, np.sin(x[:, 0]) + 0.5 * x[:, 1] ** 2 + noise * rng.normal(size=n)
+
+
+def _fit(build, x, y, kill_at=None, **settings):
+    """(model, history, evaluations of the likelihood); raises Killed at evaluation ``kill_at``."""
+    evaluate, calls = training._negative_mll, [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            raise Killed
+        return evaluate(*args, **kwargs)
+
+    model = build()
+    training._negative_mll = counted
+    try:
+        history = fit(model, x, y, progress=False, **settings)
+    finally:
+        training._negative_mll = evaluate
+    return model, history, calls[0]
+
+
+def _assert_same_fit(a, b):
+    (model_a, history_a, _), (model_b, history_b, _) = a, b
+    state_b = model_b.state_dict()
+    for name, value in model_a.state_dict().items():
+        assert torch.equal(value, state_b[name]), name
+    for field in ("loss", "converged", "restart_losses", "chosen_restart", "noise_refit_loss"):
+        assert getattr(history_a, field) == getattr(history_b, field), field
+
+
+def _simplex():
+    return make_model(FSARDKernel(num_dims=4, num_samples=16, ard_num_dims=4, simplex=True), 4)
+
+
+CASES = {
+    "gm, L-BFGS": (lambda: make_model("gm", 4, num_samples=16), {}, 0.1),
+    "simplex FSARD (π by projected gradient)": (_simplex, {}, 0.1),
+    "SSGPR, Adam": (lambda: make_model("ssgpr", 4, num_samples=16), {"optimizer": "adam"}, 0.1),
+    "exact ARD": (lambda: make_model("exact-ard", 4), {}, 0.1),
+    "FSARD, streamed": (lambda: make_model("fsard", 4, num_samples=16), {"chunk_size": 50}, 0.1),
+    "FSARD, noise-free (the noise refit)": (lambda: make_model("fsard", 4, num_samples=32), {}, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_fit_killed_anywhere_resumes_bit_for_bit(case, tmp_path, monkeypatch):
+    build, options, noise = CASES[case]
+    x, y = _data(noise=noise)
+    settings = dict(max_iter=12, restarts=2, restart_iter=3, **options)
+    reference = _fit(build, x, y, **settings)
+    if noise == 0.0:
+        assert reference[1].noise_refit_loss is not None  # the case reaches the refit stage
+    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
+    evaluations = reference[2]
+    stages, repeated = set(), []
+    for kill_at in np.linspace(2, evaluations, 7).astype(int):
+        path = tmp_path / f"killed-at-{kill_at}.ckpt"
+        with pytest.raises(Killed):
+            _fit(build, x, y, kill_at=kill_at, checkpoint=path, **settings)
+        stages.add(torch.load(path, weights_only=True)["progress"]["stage"][0])
+        resumed = _fit(build, x, y, checkpoint=path, **settings)
+        _assert_same_fit(resumed, reference)
+        repeated.append(resumed[2] + (kill_at - 1) - evaluations)  # evaluations run twice
+        finished = _fit(build, x, y, checkpoint=path, **settings)
+        _assert_same_fit(finished, reference)
+        assert finished[2] == 0  # a finished fit's checkpoint gives its result without training
+        assert finished[1].seconds == resumed[1].seconds
+    assert {"restart", "final"} <= stages
+    # It went on from the checkpoint, not from the start: at most an iteration is run again.
+    assert 0 <= min(repeated) and max(repeated) <= training._LBFGS_MAX_EVAL + 2, repeated
+    if noise == 0.0:
+        assert "refit" in stages
+
+
+def test_checkpoint_of_another_fit_is_refused(tmp_path):
+    x, y = _data()
+    path = tmp_path / "fit.ckpt"
+    settings = dict(max_iter=3, restarts=1, restart_iter=2)
+    model = make_model("fsard", 4, num_samples=16)
+    fit(model, x, y, progress=False, checkpoint=path, **settings)
+    cases = [
+        (make_model("fsard", 4, num_samples=16), x, y, dict(settings, seed=1), "seed: 0 there, 1 here"),
+        (make_model("fsard", 4, num_samples=16), x, y, dict(settings, max_iter=4), "max_iter: 3 there, 4 here"),
+        (make_model("fsard", 4, num_samples=16), x, 2 * y, settings, "the training data differ"),
+        (make_model("fsard", 4, num_samples=16, seed=1), x, y, settings, "the model given to fit differs"),
+        (model, x, y, settings, "the model given to fit differs"),  # already fitted: it would start elsewhere
+    ]
+    for other, x_, y_, options, message in cases:
+        with pytest.raises(ValueError, match=f"is of another fit .*{message}"):
+            fit(other, x_, y_, progress=False, checkpoint=path, **options)
+
+
+def test_a_frozen_parameter_makes_another_fit(tmp_path):
+    x, y = _data()
+    path = tmp_path / "fit.ckpt"
+    fit(make_model("fsard", 4, num_samples=16), x, y, max_iter=2, restarts=0, progress=False, checkpoint=path)
+    model = make_model("fsard", 4, num_samples=16)
+    model.likelihood.raw_noise.requires_grad_(False)
+    with pytest.raises(ValueError, match="the model given to fit differs"):
+        fit(model, x, y, max_iter=2, restarts=0, progress=False, checkpoint=path)
+
+
+def test_unreadable_checkpoints_are_refused(tmp_path):
+    x, y = _data()
+    settings = dict(max_iter=3, restarts=0, progress=False)
+    path = tmp_path / "fit.ckpt"
+    fit(make_model("fsard", 4, num_samples=16), x, y, checkpoint=path, **settings)
+    damaged = tmp_path / "damaged.ckpt"
+    damaged.write_bytes(path.read_bytes()[:-100])
+    other = tmp_path / "weights.pt"
+    torch.save({"weights": torch.ones(3)}, other)
+    cases = [
+        (damaged, "cannot be read .* damaged"),
+        (other, "is not an alacarte fit checkpoint"),
+        (tmp_path, "is a directory"),
+        (tmp_path / "missing" / "fit.ckpt", "does not exist"),
+    ]
+    for where, message in cases:
+        with pytest.raises(ValueError, match=message):
+            fit(make_model("fsard", 4, num_samples=16), x, y, checkpoint=where, **settings)
+
+
+KILLED_FIT = """
+import sys, numpy as np, torch
+torch.set_num_threads(1)
+sys.path.insert(0, {tests!r})
+import alacarte.training as training
+from test_checkpoint import _data, SIGKILL_SETTINGS
+from alacarte import fit
+from alacarte.factory import make_model
+training._CHECKPOINT_INTERVAL = 0.0
+x, y = _data(n=300)
+fit(make_model("fsard", 4, num_samples=64), x, y, progress=False, checkpoint={path!r}, **SIGKILL_SETTINGS)
+"""
+# tolerance 0: the final optimisation runs its 150 iterations (a few seconds), time enough to kill it
+SIGKILL_SETTINGS = dict(max_iter=150, restarts=2, restart_iter=3, tolerance=0.0)
+
+
+def test_a_sigkilled_fit_resumes_bit_for_bit(tmp_path):
+    path = tmp_path / "fit.ckpt"
+    script = KILLED_FIT.format(tests=os.path.dirname(__file__), path=str(path))
+    process = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            if path.exists():
+                progress = torch.load(path, weights_only=True)["progress"]
+                if progress["stage"] == ["final", 0] and progress["run"]["iteration"] >= 5:
+                    break
+            time.sleep(0.05)
+        assert process.poll() is None, "the fit ended before it could be killed"
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    x, y = _data(n=300)
+    build = lambda: make_model("fsard", 4, num_samples=64)  # noqa: E731
+    resumed = _fit(build, x, y, checkpoint=path, **SIGKILL_SETTINGS)
+    reference = _fit(build, x, y, **SIGKILL_SETTINGS)
+    _assert_same_fit(resumed, reference)
+    assert resumed[2] < reference[2] - 5  # restarts and the first iterations were not run again
