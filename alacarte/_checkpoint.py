@@ -36,11 +36,15 @@ _FINGERPRINTED = {
 }
 
 
+def _raw_bytes(tensor: Tensor) -> bytes:
+    """The tensor's values as bytes, row-major (any dtype, bfloat16 included)."""
+    return tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes()
+
+
 def tensor_digest(hasher, tensor: Tensor) -> None:
     """Feed ``tensor``'s dtype, shape and bytes to ``hasher``."""
-    tensor = tensor.detach()
     hasher.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-    hasher.update(tensor.reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    hasher.update(_raw_bytes(tensor))
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -59,9 +63,8 @@ def data_fingerprint(batches) -> str:
     x_hash, y_hash = hashlib.sha256(), hashlib.sha256()
     rows = 0
     for x, y in batches:
-        x, y = x.detach(), y.detach()
-        x_hash.update(x.contiguous().cpu().view(torch.uint8).numpy().tobytes())
-        y_hash.update(y.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        x_hash.update(_raw_bytes(x))
+        y_hash.update(_raw_bytes(y))
         rows += x.shape[0]
         dtype = x.dtype
     return hashlib.sha256(f"{rows} {dtype}".encode() + x_hash.digest() + y_hash.digest()).hexdigest()
