@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._files import atomic_write
+
 FORMAT = "alacarte-fit-checkpoint-1"
 # Key entries that are fingerprints: a difference is said in words, not as two hashes.
 _FINGERPRINTED = {
@@ -71,11 +73,9 @@ def data_fingerprint(batches) -> str:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    from .io import _atomic_write  # the model files' writer: temporary file, fsync, os.replace
-
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    _atomic_write(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue())
 
 
 class FitCheckpoint:

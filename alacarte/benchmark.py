@@ -2,9 +2,12 @@
 
 Each cell (dataset, split, method) runs in its own process and appends one row
 to a CSV under a file lock; re-running skips finished cells, so a killed run
-resumes where it stopped.  A cell that outlives its time budget is stopped and
-recorded as ``timeout`` (not retried); a cell that raises is reported and
-retried on the next run.
+resumes where it stopped.  A cell's fit keeps a checkpoint (``fit(checkpoint=)``)
+in ``<csv stem>.checkpoints/`` beside the CSV, so a cell killed mid-fit goes on
+from it on the next run and writes the row the uninterrupted cell would have
+written; the file is deleted once the cell's row is written.  A cell that
+outlives its time budget is stopped and recorded as ``timeout`` (not retried);
+a cell that raises is reported and retried on the next run.
 
 Protocol as in the À la carte paper: inputs standardised on the training
 split, RMSE in the target's original units, the same number of basis functions
@@ -18,8 +21,11 @@ same kernels (the row's ``model`` column says which).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import fcntl
+import hashlib
+import json
 import math
 import multiprocessing as mp
 import os
@@ -123,7 +129,8 @@ def _run_cell(cell: tuple) -> dict:
         model.likelihood.noise_covar.register_constraint("raw_noise", GreaterThan(cfg["noise_floor"]))
     model = model.to(device)
     history = ac.fit(model, data.x_train, data.y_train, max_iter=cfg["max_iter"], restarts=cfg["restarts"],
-                     restart_iter=cfg["restart_iter"], seed=split, progress=False)
+                     restart_iter=cfg["restart_iter"], seed=split, progress=False,
+                     checkpoint=cell_checkpoint(cfg, dataset, split, method))
     pred = model.predict(data.x_test)
     y = torch.as_tensor(data.y_test, device=device)
     var = pred.observed_variance
@@ -141,6 +148,33 @@ def _run_cell(cell: tuple) -> dict:
                 peak_device_mb=round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if on_gpu else "",
                 noise=float(model.likelihood.noise.detach().min()),
                 noise_floor=float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound))
+
+
+def checkpoint_directory(csv_path: str | os.PathLike) -> Path:
+    """Where a results file's cells keep their fits' checkpoints: ``<csv stem>.checkpoints/`` beside it."""
+    path = Path(csv_path)
+    return path.with_name(path.stem + ".checkpoints")
+
+
+# The settings a cell's fit depends on; threads and the data folder are not among them
+# (the fit's own key holds the data's fingerprint).
+_FIT_SETTINGS = ("num_samples", "components", "max_iter", "restarts", "restart_iter", "device", "noise_floor",
+                 "version")
+
+
+def cell_checkpoint(cfg: dict, dataset: str, split: int, method: str) -> Path:
+    """The checkpoint file of one cell.  Its name holds a hash of the run's settings and package
+    version: a run at other settings, or of other code, fits its cells from the start rather than
+    being refused another run's checkpoint."""
+    settings = json.dumps({name: cfg[name] for name in _FIT_SETTINGS}, sort_keys=True)
+    tag = hashlib.sha256(settings.encode()).hexdigest()[:12]
+    return Path(cfg["checkpoints"]) / f"{dataset}-{split}-{method}-{tag}.ckpt"
+
+
+def _forget_checkpoint(cfg: dict, cell: tuple) -> None:
+    """Delete a recorded cell's checkpoint (the cell does not run again)."""
+    dataset, split, method, _ = cell
+    cell_checkpoint(cfg, dataset, split, method).unlink(missing_ok=True)
 
 
 def package_version() -> str:
@@ -330,16 +364,13 @@ def run(args: argparse.Namespace) -> int:
     if other:
         print(f"{len(other)} rows of {args.csv} ran with other settings (e.g. {other[0]}): not counted as done; "
               "this run's rows go beside them, in report columns of their own", flush=True)
-    cfg = {"data": args.data, "num_samples": args.num_samples, "components": args.components,
-           "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
-           "threads": args.threads, "device": args.device, "noise_floor": args.noise_floor,
-           "version": package_version()}
+    cfg = cell_settings(args)
     cells = [(ds, s, m, cfg) for ds in datasets for s in dict.fromkeys(parse_splits(args.splits))
              for m in dict.fromkeys(args.methods) if (ds, s, m) not in done]
     if args.limit is not None:
         cells = cells[: args.limit]
     print(f"{len(done)} cells done, {len(cells)} to run", flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+    os.makedirs(cfg["checkpoints"], exist_ok=True)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     pending, running = list(enumerate(cells))[::-1], {}
@@ -356,7 +387,17 @@ def run(args: argparse.Namespace) -> int:
             proc.join()
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
+        with contextlib.suppress(OSError):  # kept while it holds a killed or failed cell's checkpoint
+            os.rmdir(cfg["checkpoints"])
     return 1 if failures else 0
+
+
+def cell_settings(args: argparse.Namespace) -> dict:
+    """What every cell of a run is given, besides its dataset, split and method."""
+    return {"data": args.data, "num_samples": args.num_samples, "components": args.components,
+            "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
+            "threads": args.threads, "device": args.device, "noise_floor": args.noise_floor,
+            "version": package_version(), "checkpoints": str(checkpoint_directory(args.csv))}
 
 
 def _finished_rows(path: str | os.PathLike) -> list[dict]:
@@ -450,8 +491,11 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                 wait = 0.0
             for index, row in delivered:
                 if index in running:  # (else already stopped and recorded)
-                    running.pop(index)[0].join()
+                    proc, cell, _ = running.pop(index)
+                    proc.join()
                     failures += _record(args, row, bar)
+                    if "error" not in row:  # a failed cell runs again and resumes from its checkpoint
+                        _forget_checkpoint(cfg, cell)
             for index, (proc, cell, started) in list(running.items()):
                 dataset, split, method, _ = cell
                 if args.time_budget and time.monotonic() - started > args.time_budget:
@@ -460,6 +504,7 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                     del running[index]
                     _record(args, _row(dataset, split, method, cfg, status="timeout", model=method,
                                        train_seconds=args.time_budget), bar)
+                    _forget_checkpoint(cfg, cell)
                 elif proc.exitcode not in (None, 0):  # died without a word: killed, out of memory
                     del running[index]
                     failures += _record(args, {"error": f"{dataset} split {split} {method}: worker died "
@@ -876,7 +921,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                    "get a column of their own in the report)")
     r.add_argument("--noise-floor", type=float, default=DEFAULT_NOISE_FLOOR,
                    help="lower bound on the noise variance σ² in standardised units (default: GPyTorch's)")
-    r.add_argument("--time-budget", type=float, default=None, help="seconds per cell before it is stopped")
+    r.add_argument("--time-budget", type=float, default=None,
+                   help="seconds per cell before it is stopped (counted afresh when a killed cell resumes)")
     r.add_argument("--limit", type=int, default=None, help="run at most this many cells (testing)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar; one line per cell")
     r.set_defaults(bench=run)

@@ -30,7 +30,6 @@ Example:
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import inspect
@@ -38,7 +37,6 @@ import io
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +44,7 @@ import numpy as np
 import torch
 from gpytorch.constraints import Interval
 
+from ._files import atomic_write
 from .factory import default_dtype
 from .kernels import FeatureKernel
 from .models import ExactRBFGP, FeatureGP
@@ -288,38 +287,6 @@ def _build_regressor(record: dict[str, Any]) -> AlaCarteRegressor:
 
 
 # -- files -----------------------------------------------------------------------------
-def _file_mode(path: Path) -> int:
-    try:
-        return path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    directory = path.parent
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, _file_mode(path))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every platform)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
 def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os.PathLike,
                *, metadata: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (a fitted model or estimator) to ``path`` atomically.
@@ -363,7 +330,7 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
         "body_bytes": len(body),
         "body_sha256": hashlib.sha256(body).hexdigest(),
     }).encode()
-    _atomic_write(path, MAGIC + struct.pack("<I", len(header)) + header + body)
+    atomic_write(path, MAGIC + struct.pack("<I", len(header)) + header + body)
     return path
 
 

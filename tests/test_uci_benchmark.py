@@ -38,6 +38,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert "4 cells done, 0 to run" in run(resumed)  # nothing left: re-running does no work
     assert len(results(whole)) == 4
     assert results(resumed) == results(whole)
+    assert not (tmp_path / "whole.checkpoints").exists()  # every cell's checkpoint went with its row
     for row in map(dict, results(whole)):  # how each fit ended is recorded with it
         assert int(row["iterations"]) >= 1 and row["converged"] in ("True", "False")
         assert float(row["noise_floor"]) == 1e-4 and float(row["noise"]) > 1e-4
@@ -107,7 +108,9 @@ def test_a_terminated_runner_stops_its_workers(tmp_path, signal_name):
         while len(workers := _workers_of(runner.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert len(workers) == 2, "the runner never started its two workers"
-        time.sleep(1.0)
+        checkpoints = tmp_path / "killed.checkpoints"
+        while len(list(checkpoints.glob("airfoil-*.ckpt"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
         runner.send_signal(stop)
         assert runner.wait(timeout=60) == (128 + stop if stop == signal.SIGTERM else -stop)
     finally:
@@ -117,6 +120,8 @@ def test_a_terminated_runner_stops_its_workers(tmp_path, signal_name):
         time.sleep(0.2)
     assert not any(map(_alive, workers)), "workers outlived their runner"
     assert not path.exists() or "airfoil" not in path.read_text()  # no cell finished; nothing recorded
+    # Each cell's fit had begun and left its checkpoint, from which the next run goes on.
+    assert sorted(p.name.split("-")[:2] for p in checkpoints.glob("*.ckpt")) == [["airfoil", "0"], ["airfoil", "1"]]
 
 
 def test_alacarte_bench_command(tmp_path, capsys):
@@ -580,7 +585,8 @@ def test_a_result_delivered_before_its_budget_ran_out_is_recorded_as_a_result(tm
     monkeypatch.setattr(benchmark, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     path = tmp_path / "rows.csv"
     args = argparse.Namespace(csv=str(path), workers=2, time_budget=20.0, quiet=True)
-    cfg = {"restarts": 0, "restart_iter": 1, "max_iter": 5, "version": "0", "device": "cpu", "noise_floor": 1e-4}
+    cfg = {"restarts": 0, "restart_iter": 1, "max_iter": 5, "version": "0", "device": "cpu", "noise_floor": 1e-4,
+           "num_samples": 16, "components": "auto", "checkpoints": str(tmp_path / "rows.checkpoints")}
     results = queue.Queue()
     for index in (0, 1):
         results.put((index, _ok_row(split=index)))
@@ -600,3 +606,65 @@ def test_feature_counts_the_mixtures_cannot_split_are_refused_before_any_cell_ru
     assert main(["bench", "run", "--datasets", "servo", "--methods", "gm", "--splits", "0", "--csv", str(path),
                  "--data", str(SHARED), *setting]) == 2
     assert message in capsys.readouterr().err and not path.exists()
+
+
+def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninterrupted_row(tmp_path, monkeypatch):
+    """A cell killed during its fit (here: an exception at a likelihood evaluation of the final
+    optimisation) goes on from its checkpoint — fewer evaluations than a fit from the start — and
+    gives the row the uninterrupted cell gives; the runner picks the same checkpoint up, writes that
+    row and deletes the checkpoint."""
+    import argparse
+
+    from threadpoolctl import threadpool_limits
+
+    import alacarte.training as training
+    from alacarte import benchmark
+
+    parser = argparse.ArgumentParser()
+    benchmark.add_arguments(parser)
+    path = tmp_path / "rows.csv"
+    args = parser.parse_args(["run", "--datasets", "yacht", "--methods", "gm", "--splits", "0", "--num-samples", "16",
+                              "--restarts", "1", "--restart-iter", "3", "--max-iter", "12", "--workers", "1",
+                              "--data", str(SHARED), "--csv", str(path), "-q"])
+    cfg = benchmark.cell_settings(args)
+    evaluate, calls = training._negative_mll, [0]
+
+    class Killed(Exception):
+        pass
+
+    def counted(*a, **k):
+        calls[0] += 1
+        if calls[0] == kill_at:
+            raise Killed
+        return evaluate(*a, **k)
+
+    def cell(settings):
+        calls[0] = 0
+        return benchmark._run_cell(("yacht", 0, "gm", settings)), calls[0]
+
+    monkeypatch.setattr(training, "_negative_mll", counted)
+    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    (tmp_path / "elsewhere").mkdir()
+    Path(cfg["checkpoints"]).mkdir()
+    try:
+        with threadpool_limits(limits=None):  # (the cell sets torch's and BLAS's threads for its process)
+            kill_at = None
+            whole, evaluations = cell({**cfg, "checkpoints": str(tmp_path / "elsewhere")})
+            kill_at = evaluations - 4  # in the final optimisation
+            with pytest.raises(Killed):
+                cell(cfg)
+            (saved,) = Path(cfg["checkpoints"]).iterdir()
+            assert saved == benchmark.cell_checkpoint(cfg, "yacht", 0, "gm")
+            assert torch.load(saved, weights_only=True)["progress"]["stage"][0] == "final"
+            kill_at = None
+            resumed, resumed_evaluations = cell(cfg)
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
+    assert 0 < resumed_evaluations < 10 < evaluations
+    assert {k: v for k, v in resumed.items() if k not in TIMING} == {k: v for k, v in whole.items() if k not in TIMING}
+    assert benchmark.run(args) == 0  # the checkpoint now holds the finished fit: its row, with no training
+    (row,) = read_rows(path)
+    assert row["rmse"] == repr(resumed["rmse"]) and row["train_seconds"] == repr(resumed["train_seconds"])
+    assert not Path(cfg["checkpoints"]).exists()  # deleted with the row written; the empty folder too
