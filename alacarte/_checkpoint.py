@@ -72,6 +72,16 @@ def data_fingerprint(batches) -> str:
     return hashlib.sha256(f"{rows} {dtype}".encode() + x_hash.digest() + y_hash.digest()).hexdigest()
 
 
+def checkpoint_path(path: str | os.PathLike) -> Path:
+    """``path`` as a :class:`~pathlib.Path`, refused (``ValueError``) where no checkpoint file can be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint {path} is a directory; give the path of a file")
+    if not path.parent.is_dir():
+        raise ValueError(f"checkpoint {path}: its directory {path.parent} does not exist")
+    return path
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -86,11 +96,7 @@ class FitCheckpoint:
     """
 
     def __init__(self, path: str | os.PathLike, key: dict[str, Any], data=None):
-        self.path = Path(path)
-        if self.path.is_dir():
-            raise ValueError(f"checkpoint {self.path} is a directory; give the path of a file")
-        if not self.path.parent.is_dir():
-            raise ValueError(f"checkpoint {self.path}: its directory {self.path.parent} does not exist")
+        self.path = checkpoint_path(path)
         self.distributed = data is not None and data.distributed
         self.group = data.group if self.distributed else None
         self.key = dict(key)

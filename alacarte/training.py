@@ -15,7 +15,7 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 from tqdm.auto import tqdm
 
-from ._checkpoint import FitCheckpoint, data_fingerprint, model_fingerprint
+from ._checkpoint import FitCheckpoint, checkpoint_path, data_fingerprint, model_fingerprint
 from ._validation import (
     check_learnable_targets,
     check_nonnegative_int,
@@ -482,6 +482,8 @@ def fit(
     if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
     seed = check_seed(seed)
+    if checkpoint is not None:  # before any pass over the data: a bad path must not cost one
+        checkpoint = checkpoint_path(checkpoint)
     given_model = model_fingerprint(model) if checkpoint is not None else None
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("every parameter of the model is frozen (requires_grad=False): there is nothing to fit; "

@@ -142,6 +142,22 @@ def test_unreadable_checkpoints_are_refused(tmp_path):
     for where, message in cases:
         with pytest.raises(ValueError, match=message):
             fit(make_model("fsard", 4, num_samples=16), x, y, checkpoint=where, **settings)
+    # A path no checkpoint can be written to is refused before a streamed fit reads any data.
+    chunks_read = []
+
+    class Chunks:
+        def __iter__(self):
+            for start in range(0, len(x), 40):
+                chunks_read.append(start)
+                yield torch.as_tensor(x[start:start + 40]), torch.as_tensor(y[start:start + 40])
+
+    fit(make_model("fsard", 4, num_samples=16), Chunks(), None, **settings)
+    assert chunks_read  # (it is a streamed fit that reads the chunks)
+    chunks_read.clear()
+    for where, message in cases[2:]:
+        with pytest.raises(ValueError, match=message):
+            fit(make_model("fsard", 4, num_samples=16), Chunks(), None, checkpoint=where, **settings)
+    assert chunks_read == []
 
 
 KILLED_FIT = """
