@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -94,6 +95,50 @@ def test_a_fit_killed_anywhere_resumes_bit_for_bit(case, tmp_path, monkeypatch):
     assert 0 <= min(repeated) and max(repeated) <= training._LBFGS_MAX_EVAL + 2, repeated
     if noise == 0.0:
         assert "refit" in stages
+
+
+@pytest.mark.parametrize("ending", ["converges", "fails twice"])
+def test_a_fit_killed_at_any_evaluation_keeps_its_convergence_count_and_failure(ending, tmp_path, monkeypatch):
+    """A coarse tolerance makes the fit end after three calm iterations in a row; a
+    factorisation that breaks at two iterations in a row ends it at the second failure.
+    Killed at every evaluation of its last iterations, the resumed fit must count on from
+    where it was killed (a count of calm iterations or a failure forgotten ends the fit
+    later, with other losses)."""
+    from linear_operator.utils.errors import NotPSDError
+
+    x, y = _data()
+    build = lambda: make_model("gm", 4, num_samples=16)  # noqa: E731
+    settings = dict(max_iter=40, restarts=0, tolerance=1e-2 if ending == "converges" else 0.0)
+    if ending == "fails twice":
+        loss = training._Optimization._loss
+
+        def poisoned(self, backward):
+            value = loss(self, backward)  # (counted: a kill may come first)
+            if self.iteration in (6, 7):
+                raise NotPSDError("the factorisation broke")
+            return value
+
+        monkeypatch.setattr(training._Optimization, "_loss", poisoned)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reference = _fit(build, x, y, **settings)
+    if ending == "converges":
+        assert reference[1].converged and len(reference[1].loss) < settings["max_iter"]
+    else:
+        assert len(reference[1].loss) == 5 and "training stopped after 5 iterations" in str(caught[-1].message)
+    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)
+    saved = []  # (calm, failed) of the checkpoint each resumed fit starts from
+    for kill_at in range(max(2, reference[2] - 15), reference[2] + 1):  # the iterations before the end
+        path = tmp_path / f"killed-at-{kill_at}.ckpt"
+        with pytest.raises(Killed):
+            _fit(build, x, y, kill_at=kill_at, checkpoint=path, **settings)
+        run = torch.load(path, weights_only=True)["progress"]["run"]
+        saved.append((run["calm"], run["failed"]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _assert_same_fit(_fit(build, x, y, checkpoint=path, **settings), reference)
+    # killed in the states at stake: two calm iterations counted, or one failure behind
+    assert ((2, False) if ending == "converges" else (0, True)) in saved, saved
 
 
 def test_checkpoint_of_another_fit_is_refused(tmp_path):
