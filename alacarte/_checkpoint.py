@@ -8,9 +8,10 @@ stages decided.  A file whose key differs from the fit asking for it is refused
 with a ``ValueError`` naming the differences: resuming another fit would
 silently return a wrong model.
 
-Writes are atomic (temporary file, fsync, ``os.replace``): a kill mid-write
-leaves the previous checkpoint.  Reads use ``torch.load(weights_only=True)``:
-no pickled code runs.
+The file is the model files' checksummed layout (:mod:`alacarte._files`):
+written atomically (temporary file, fsync, ``os.replace``), so a kill mid-write
+leaves the previous checkpoint; a truncated, damaged or foreign file is a
+``ValueError``, never a resume from wrong state; no pickled code runs on reading.
 
 In a data-parallel fit rank 0 alone writes and reads the file and sends what it
 read to the other processes; the key holds every process's data fingerprint.
@@ -18,19 +19,17 @@ read to the other processes; the key holds every process's data fingerprint.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
-import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._files import atomic_write
+from ._files import read_checked, write_checked
 
-FORMAT = "alacarte-fit-checkpoint-1"
+SIGNATURE = b"ALACARTE-FIT-CHECKPOINT\n"
+FORMAT_VERSION = 1
 # Key entries that are fingerprints: a difference is said in words, not as two hashes.
 _FINGERPRINTED = {
     "model": "the model given to fit differs (parameters, buffers such as the random features, or frozen ones)",
@@ -82,10 +81,17 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     return path
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    atomic_write(path, buffer.getvalue())
+def _read_record(path: Path) -> dict[str, Any]:
+    _, record = read_checked(path, SIGNATURE, FORMAT_VERSION, "alacarte fit checkpoint")
+    if not (isinstance(record, dict) and isinstance(record.get("key"), dict)
+            and isinstance(record.get("progress"), dict)):
+        raise ValueError(f"{path} is damaged: its data are not a fit's key and progress")
+    return record
+
+
+def saved_progress(path: str | os.PathLike) -> dict[str, Any]:
+    """The progress a checkpoint file holds (stage, optimiser state, …), whichever fit it is of."""
+    return _read_record(Path(path))["progress"]
 
 
 class FitCheckpoint:
@@ -133,13 +139,11 @@ class FitCheckpoint:
         if not self.path.exists():
             return None
         try:
-            record = torch.load(self.path, map_location="cpu", weights_only=True)
-        except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-            raise ValueError(f"checkpoint {self.path} cannot be read ({type(err).__name__}: {err}); it is damaged "
-                             "or not a fit checkpoint — delete it to fit from the start") from None
-        if not (isinstance(record, dict) and record.get("format") == FORMAT):
-            raise ValueError(f"{self.path} is not an alacarte fit checkpoint (format {FORMAT!r}); "
-                             "pass another path, or delete it to fit from the start")
+            record = _read_record(self.path)
+        except OSError as err:
+            raise ValueError(f"checkpoint {self.path} cannot be read ({err})") from None
+        except ValueError as err:
+            raise ValueError(f"checkpoint {err}; pass another path, or delete it to fit from the start") from None
         differences = [
             _FINGERPRINTED.get(name) or f"{name}: {record['key'].get(name)!r} there, {value!r} here"
             for name, value in self.key.items()
@@ -154,4 +158,5 @@ class FitCheckpoint:
 
     def save(self, progress: dict[str, Any]) -> None:
         if self.writer:
-            _atomic_save({"format": FORMAT, "key": self.key, "progress": progress}, self.path)
+            write_checked(self.path, SIGNATURE, {"format_version": FORMAT_VERSION},
+                          {"key": self.key, "progress": progress})

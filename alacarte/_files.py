@@ -1,10 +1,29 @@
-"""Atomic file writes, shared by the model files (:mod:`alacarte.io`) and fit checkpoints."""
+"""Atomic, checksummed files, shared by the model files (:mod:`alacarte.io`) and fit checkpoints.
+
+Layout::
+
+    signature  |  u32 header length  |  JSON header  |  body
+
+The header carries the format version and the body's length and SHA-256; the
+body is a ``torch.save`` archive of tensors, numbers and strings, read back with
+``weights_only=True`` (no pickled code runs).  A truncated, damaged or foreign
+file is a ``ValueError`` that says which, never a wrong object.
+"""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
+import json
 import os
+import struct
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import torch
+
+_MAX_HEADER_BYTES = 1 << 16
 
 
 def _file_mode(path: Path) -> int:
@@ -37,3 +56,51 @@ def atomic_write(path: Path, data: bytes) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def write_checked(path: Path, signature: bytes, header: dict[str, Any], payload: Any) -> None:
+    """Write ``payload`` atomically after ``signature`` and ``header`` (which must hold
+    ``format_version``), with the body's length and SHA-256 added to the header."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    body = buffer.getvalue()
+    header_bytes = json.dumps(
+        {**header, "body_bytes": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}).encode()
+    atomic_write(path, signature + struct.pack("<I", len(header_bytes)) + header_bytes + body)
+
+
+def read_checked(path: Path, signature: bytes, format_version: int, kind: str) -> tuple[dict[str, Any], Any]:
+    """(header, payload) of a file :func:`write_checked` wrote; ``kind`` names it in errors
+    ("alacarte model file")."""
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not an {kind}")
+    data = path.read_bytes()
+    if not data.startswith(signature):
+        raise ValueError(f"{path} is not an {kind} (it does not start with the {kind}'s signature)")
+    start = len(signature) + 4
+    if len(data) < start:
+        raise ValueError(f"{path} is truncated: it ends inside the file header")
+    (header_bytes,) = struct.unpack("<I", data[len(signature):start])
+    if header_bytes > _MAX_HEADER_BYTES or len(data) < start + header_bytes:
+        raise ValueError(f"{path} is truncated or damaged: its header is incomplete")
+    try:
+        header = json.loads(data[start:start + header_bytes])
+        version = header["format_version"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is damaged: its header is not readable ({err})") from err
+    if version != format_version:
+        writer = f" (written by alacarte {header['alacarte_version']})" if "alacarte_version" in header else ""
+        raise ValueError(f"{path} is an {kind} of format version {version}{writer}; "
+                         f"this alacarte reads format version {format_version}")
+    if not (isinstance(header.get("body_bytes"), int) and isinstance(header.get("body_sha256"), str)):
+        raise ValueError(f"{path} is damaged: its header lacks the size or checksum of its data")
+    body = data[start + header_bytes:]
+    if len(body) != header["body_bytes"]:
+        raise ValueError(f"{path} is truncated: {len(body)} of {header['body_bytes']} data bytes are present")
+    if hashlib.sha256(body).hexdigest() != header["body_sha256"]:
+        raise ValueError(f"{path} is damaged: its data do not match their SHA-256 checksum")
+    try:
+        payload = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    except Exception as err:  # a checksummed body that torch cannot read: a foreign writer
+        raise ValueError(f"{path} is damaged: its data cannot be read ({err})") from err
+    return header, payload

@@ -5,9 +5,10 @@ to a CSV under a file lock; re-running skips finished cells, so a killed run
 resumes where it stopped.  A cell's fit keeps a checkpoint (``fit(checkpoint=)``)
 in ``<csv stem>.checkpoints/`` beside the CSV, so a cell killed mid-fit goes on
 from it on the next run and writes the row the uninterrupted cell would have
-written; the file is deleted once the cell's row is written.  A cell that
-outlives its time budget is stopped and recorded as ``timeout`` (not retried);
-a cell that raises is reported and retried on the next run.
+written; the file is deleted once the cell's row is written (the folder
+stays).  A cell that outlives its time budget is stopped and recorded as
+``timeout`` (not retried); a cell that raises is reported and retried on the
+next run.
 
 Protocol as in the À la carte paper: inputs standardised on the training
 split, RMSE in the target's original units, the same number of basis functions
@@ -30,6 +31,7 @@ import math
 import multiprocessing as mp
 import os
 import queue
+import re
 import resource
 import signal
 import subprocess
@@ -128,6 +130,8 @@ def _run_cell(cell: tuple) -> dict:
     if cfg["noise_floor"] != DEFAULT_NOISE_FLOOR:  # the default model untouched: its rows stay those of older runs
         model.likelihood.noise_covar.register_constraint("raw_noise", GreaterThan(cfg["noise_floor"]))
     model = model.to(device)
+    # (made here, not once per run: the folder may have been deleted since, by hand)
+    os.makedirs(cfg["checkpoints"], exist_ok=True)
     history = ac.fit(model, data.x_train, data.y_train, max_iter=cfg["max_iter"], restarts=cfg["restarts"],
                      restart_iter=cfg["restart_iter"], seed=split, progress=False,
                      checkpoint=cell_checkpoint(cfg, dataset, split, method))
@@ -171,26 +175,46 @@ def cell_checkpoint(cfg: dict, dataset: str, split: int, method: str) -> Path:
     return Path(cfg["checkpoints"]) / f"{dataset}-{split}-{method}-{tag}.ckpt"
 
 
-def _forget_checkpoint(cfg: dict, cell: tuple) -> None:
-    """Delete a recorded cell's checkpoint (the cell does not run again)."""
-    dataset, split, method, _ = cell
-    cell_checkpoint(cfg, dataset, split, method).unlink(missing_ok=True)
+_TAGGED_CHECKPOINT = re.compile(r"(.+)-[0-9a-f]{12}\.ckpt")
+# A write's temporary file older than this was left by a killed writer (a write takes milliseconds).
+_STALE_WRITE_SECONDS = 3600.0
+
+
+def _forget_checkpoints(cfg: dict, cells) -> None:
+    """Delete the checkpoints of recorded cells, whichever settings or code wrote them (a
+    recorded cell does not run again), and writes left half-done by a killed cell."""
+    directory = Path(cfg["checkpoints"])
+    cells = {f"{dataset}-{split}-{method}" for dataset, split, method, *_ in cells}
+    paths = list(directory.iterdir()) if directory.is_dir() else []
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):  # (another runner may delete it first)
+            tagged = _TAGGED_CHECKPOINT.fullmatch(path.name)
+            stale = path.name.endswith(".tmp") and time.time() - path.stat().st_mtime > _STALE_WRITE_SECONDS
+            if (tagged and tagged.group(1) in cells) or stale:
+                path.unlink()
 
 
 def package_version() -> str:
-    """``alacarte.__version__``, plus ``+g<commit>`` (and ``.dirty`` for uncommitted changes)
-    when the package runs from a git checkout, so every row names the code that produced it."""
+    """``alacarte.__version__``, plus ``+g<commit>`` when the package runs from a git checkout, and
+    ``.dirty<hash>`` (the first 8 hex digits of the SHA-256 of ``git diff HEAD`` of the package) for
+    uncommitted changes: every row names the code that produced it, and two different edits are
+    two versions (a cell killed under one does not resume its checkpoint under the other)."""
     import alacarte as ac
 
     root = Path(ac.__file__).resolve().parent.parent
+
+    def git(*command: str) -> bytes:
+        return subprocess.run(["git", "-C", str(root), *command], capture_output=True, timeout=10,
+                              check=True).stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"],
-                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
-                                "alacarte"], capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        commit = git("rev-parse", "--short=7", "HEAD").decode()
+        diff = git("diff", "HEAD", "--binary", "--", "alacarte")
     except (OSError, subprocess.SubprocessError):
         return ac.__version__
-    return f"{ac.__version__}+g{commit}" + (".dirty" if dirty else "") if commit else ac.__version__
+    if not commit:
+        return ac.__version__
+    return f"{ac.__version__}+g{commit}" + (f".dirty{hashlib.sha256(diff).hexdigest()[:8]}" if diff else "")
 
 
 def _row(dataset, split, method, cfg, **values) -> dict:
@@ -370,7 +394,7 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None:
         cells = cells[: args.limit]
     print(f"{len(done)} cells done, {len(cells)} to run", flush=True)
-    os.makedirs(cfg["checkpoints"], exist_ok=True)
+    _forget_checkpoints(cfg, done)  # those a runner stopped between writing a row and deleting them
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     pending, running = list(enumerate(cells))[::-1], {}
@@ -387,8 +411,6 @@ def run(args: argparse.Namespace) -> int:
             proc.join()
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_handler)
-        with contextlib.suppress(OSError):  # kept while it holds a killed or failed cell's checkpoint
-            os.rmdir(cfg["checkpoints"])
     return 1 if failures else 0
 
 
@@ -495,7 +517,7 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                     proc.join()
                     failures += _record(args, row, bar)
                     if "error" not in row:  # a failed cell runs again and resumes from its checkpoint
-                        _forget_checkpoint(cfg, cell)
+                        _forget_checkpoints(cfg, [cell])
             for index, (proc, cell, started) in list(running.items()):
                 dataset, split, method, _ = cell
                 if args.time_budget and time.monotonic() - started > args.time_budget:
@@ -504,7 +526,7 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                     del running[index]
                     _record(args, _row(dataset, split, method, cfg, status="timeout", model=method,
                                        train_seconds=args.time_budget), bar)
-                    _forget_checkpoint(cfg, cell)
+                    _forget_checkpoints(cfg, [cell])
                 elif proc.exitcode not in (None, 0):  # died without a word: killed, out of memory
                     del running[index]
                     failures += _record(args, {"error": f"{dataset} split {split} {method}: worker died "

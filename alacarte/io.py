@@ -30,13 +30,10 @@ Example:
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
-import io
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +41,7 @@ import numpy as np
 import torch
 from gpytorch.constraints import Interval
 
-from ._files import atomic_write
+from ._files import read_checked, write_checked
 from .factory import default_dtype
 from .kernels import FeatureKernel
 from .models import ExactRBFGP, FeatureGP
@@ -57,7 +54,6 @@ __all__ = ["FORMAT_VERSION", "save_model", "load_model", "load_with_metadata"]
 MAGIC = b"ALACARTE-MODEL\n"
 #: Version of the file layout; a reader refuses files of any other version.
 FORMAT_VERSION = 1
-_MAX_HEADER_BYTES = 1 << 16
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _PLAIN = (bool, int, float, str)
 
@@ -318,56 +314,18 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
     else:
         kind, record = "model", _model_record(model)
         _check_rebuilds(model, record)
-    buffer = io.BytesIO()
-    torch.save({"kind": kind, "record": record}, buffer)
-    body = buffer.getvalue()
-    header = json.dumps({
+    write_checked(path, MAGIC, {
         "format_version": FORMAT_VERSION,
         "alacarte_version": __version__,
         "torch_version": torch.__version__,
         "kind": kind,
         "metadata": json.loads(metadata_json),
-        "body_bytes": len(body),
-        "body_sha256": hashlib.sha256(body).hexdigest(),
-    }).encode()
-    atomic_write(path, MAGIC + struct.pack("<I", len(header)) + header + body)
+    }, {"kind": kind, "record": record})
     return path
 
 
 def _read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory, not an alacarte model file")
-    data = path.read_bytes()
-    if not data.startswith(MAGIC):
-        raise ValueError(f"{path} is not an alacarte model file (it does not start with the alacarte signature)")
-    start = len(MAGIC) + 4
-    if len(data) < start:
-        raise ValueError(f"{path} is truncated: it ends inside the file header")
-    (header_bytes,) = struct.unpack("<I", data[len(MAGIC):start])
-    if header_bytes > _MAX_HEADER_BYTES or len(data) < start + header_bytes:
-        raise ValueError(f"{path} is truncated or damaged: its header is incomplete")
-    try:
-        header = json.loads(data[start:start + header_bytes])
-        version = header["format_version"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path} is damaged: its header is not readable ({err})") from err
-    if version != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has model-file format version {version} (written by alacarte "
-            f"{header.get('alacarte_version', '?')}); this alacarte reads format version {FORMAT_VERSION}"
-        )
-    if not (isinstance(header.get("body_bytes"), int) and isinstance(header.get("body_sha256"), str)):
-        raise ValueError(f"{path} is damaged: its header lacks the size or checksum of its data")
-    body = data[start + header_bytes:]
-    if len(body) != header["body_bytes"]:
-        raise ValueError(f"{path} is truncated: {len(body)} of {header['body_bytes']} data bytes are present")
-    if hashlib.sha256(body).hexdigest() != header["body_sha256"]:
-        raise ValueError(f"{path} is damaged: its data do not match their SHA-256 checksum")
-    try:
-        payload = torch.load(io.BytesIO(body), weights_only=True)
-    except Exception as err:  # a checksummed body that torch cannot read: a foreign writer
-        raise ValueError(f"{path} is damaged: its data cannot be read ({err})") from err
+    header, payload = read_checked(Path(path), MAGIC, FORMAT_VERSION, "alacarte model file")
     if not (isinstance(payload, dict) and isinstance(payload.get("record"), dict)):
         raise ValueError(f"{path} is damaged: its data are not an alacarte model record")
     return header, payload

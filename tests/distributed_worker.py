@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import alacarte.distributed as ad  # noqa: E402
 import alacarte.training as tr  # noqa: E402
+from alacarte._checkpoint import saved_progress  # noqa: E402
 from alacarte.streaming import ChunkedData, streamed_negative_mll  # noqa: E402
 from streaming_case import make_case  # noqa: E402
 
@@ -45,7 +46,7 @@ def resume_from_checkpoint(x, y, path: str) -> dict:
         result["killed"] = True
     finally:
         tr._negative_mll = evaluate
-    result["saved_stage"] = torch.load(path, weights_only=True)["progress"]["stage"]
+    result["saved_stage"] = saved_progress(path)["stage"]
     model = make_case()[2]
     ad.fit(model, x, y, checkpoint=path, **settings)
     result["resumed"] = {k: v.clone() for k, v in model.state_dict().items()}

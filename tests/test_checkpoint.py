@@ -13,6 +13,7 @@ import torch
 import alacarte.training as training
 from alacarte import FSARDKernel, fit
 from alacarte.factory import make_model
+from alacarte._checkpoint import saved_progress
 
 
 class Killed(Exception):
@@ -54,7 +55,7 @@ def _assert_same_fit(a, b):
 
 
 def _simplex():
-    return make_model(FSARDKernel(num_dims=4, num_samples=16, ard_num_dims=4, simplex=True), 4)
+    return make_model(FSARDKernel(num_dims=4, num_samples=16, ard_num_dims=4, simplex=True, seed=0), 4)
 
 
 CASES = {
@@ -82,7 +83,7 @@ def test_a_fit_killed_anywhere_resumes_bit_for_bit(case, tmp_path, monkeypatch):
         path = tmp_path / f"killed-at-{kill_at}.ckpt"
         with pytest.raises(Killed):
             _fit(build, x, y, kill_at=kill_at, checkpoint=path, **settings)
-        stages.add(torch.load(path, weights_only=True)["progress"]["stage"][0])
+        stages.add(saved_progress(path)["stage"][0])
         resumed = _fit(build, x, y, checkpoint=path, **settings)
         _assert_same_fit(resumed, reference)
         repeated.append(resumed[2] + (kill_at - 1) - evaluations)  # evaluations run twice
@@ -132,7 +133,7 @@ def test_a_fit_killed_at_any_evaluation_keeps_its_convergence_count_and_failure(
         path = tmp_path / f"killed-at-{kill_at}.ckpt"
         with pytest.raises(Killed):
             _fit(build, x, y, kill_at=kill_at, checkpoint=path, **settings)
-        run = torch.load(path, weights_only=True)["progress"]["run"]
+        run = saved_progress(path)["run"]
         saved.append((run["calm"], run["failed"]))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -174,13 +175,17 @@ def test_unreadable_checkpoints_are_refused(tmp_path):
     settings = dict(max_iter=3, restarts=0, progress=False)
     path = tmp_path / "fit.ckpt"
     fit(make_model("fsard", 4, num_samples=16), x, y, checkpoint=path, **settings)
-    damaged = tmp_path / "damaged.ckpt"
-    damaged.write_bytes(path.read_bytes()[:-100])
-    other = tmp_path / "weights.pt"
+    good = path.read_bytes()
+    truncated, flipped, other, text = (tmp_path / name for name in ("truncated", "flipped", "weights.pt", "notes.txt"))
+    truncated.write_bytes(good[:-100])
+    flipped.write_bytes(good[:-100] + bytes([good[-100] ^ 1]) + good[-99:])  # one bit: torch would read it
     torch.save({"weights": torch.ones(3)}, other)
+    text.write_text("train loss 0.31\n")
     cases = [
-        (damaged, "cannot be read .* damaged"),
+        (truncated, "is truncated: .*delete it to fit from the start"),
+        (flipped, "is damaged: its data do not match their SHA-256 checksum"),
         (other, "is not an alacarte fit checkpoint"),
+        (text, "is not an alacarte fit checkpoint"),
         (tmp_path, "is a directory"),
         (tmp_path / "missing" / "fit.ckpt", "does not exist"),
     ]
@@ -199,7 +204,7 @@ def test_unreadable_checkpoints_are_refused(tmp_path):
     fit(make_model("fsard", 4, num_samples=16), Chunks(), None, **settings)
     assert chunks_read  # (it is a streamed fit that reads the chunks)
     chunks_read.clear()
-    for where, message in cases[2:]:
+    for where, message in cases[-2:]:
         with pytest.raises(ValueError, match=message):
             fit(make_model("fsard", 4, num_samples=16), Chunks(), None, checkpoint=where, **settings)
     assert chunks_read == []
@@ -229,7 +234,7 @@ def test_a_sigkilled_fit_resumes_bit_for_bit(tmp_path):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and process.poll() is None:
             if path.exists():
-                progress = torch.load(path, weights_only=True)["progress"]
+                progress = saved_progress(path)
                 if progress["stage"] == ["final", 0] and progress["run"]["iteration"] >= 5:
                     break
             time.sleep(0.05)

@@ -1,13 +1,16 @@
 """The resumable UCI runner: a stopped-and-resumed run equals an uninterrupted one."""
 import csv
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from alacarte._checkpoint import saved_progress
 from alacarte.benchmark import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +41,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert "4 cells done, 0 to run" in run(resumed)  # nothing left: re-running does no work
     assert len(results(whole)) == 4
     assert results(resumed) == results(whole)
-    assert not (tmp_path / "whole.checkpoints").exists()  # every cell's checkpoint went with its row
+    assert list((tmp_path / "whole.checkpoints").iterdir()) == []  # every cell's checkpoint went with its row
     for row in map(dict, results(whole)):  # how each fit ended is recorded with it
         assert int(row["iterations"]) >= 1 and row["converged"] in ("True", "False")
         assert float(row["noise_floor"]) == 1e-4 and float(row["noise"]) > 1e-4
@@ -94,7 +97,6 @@ def test_a_terminated_runner_stops_its_workers(tmp_path, signal_name):
     minutes or hours beside a resumed run, its result lost.  Nor may ``kill -9`` or the out-of-memory
     killer (SIGKILL), which the runner cannot catch: the workers notice that it is gone."""
     import signal
-    import time
 
     stop = getattr(signal, signal_name)
 
@@ -144,7 +146,8 @@ def test_alacarte_bench_command(tmp_path, capsys):
 
 def test_rows_name_the_commit_that_produced_them(monkeypatch):
     """From a git checkout the version is ``<package version>+g<commit>`` (the commit of
-    this checkout); without git it is the package version alone."""
+    this checkout), with ``.dirty<hash of the diff>`` for uncommitted changes — two different
+    edits are two versions; without git it is the package version alone."""
     import alacarte
     from alacarte.benchmark import package_version
 
@@ -152,6 +155,19 @@ def test_rows_name_the_commit_that_produced_them(monkeypatch):
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0:
         assert package_version().startswith(f"{alacarte.__version__}+g{head.stdout.strip()}")
+
+    def git_with_changes(diff: bytes):
+        def run(command, **kwargs):
+            return subprocess.CompletedProcess(command, 0, stdout=b"abc1234\n" if "rev-parse" in command else diff)
+        return run
+
+    versions = []
+    for diff in (b"", b"-a = 1\n+a = 2\n", b"-a = 1\n+a = 3\n"):
+        monkeypatch.setattr(subprocess, "run", git_with_changes(diff))
+        versions.append(package_version())
+    clean, *edits = versions
+    assert clean == f"{alacarte.__version__}+gabc1234"
+    assert all(v.startswith(clean + ".dirty") for v in edits) and edits[0] != edits[1]
 
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")
@@ -646,7 +662,6 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
     monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
     dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
     (tmp_path / "elsewhere").mkdir()
-    Path(cfg["checkpoints"]).mkdir()
     try:
         with threadpool_limits(limits=None):  # (the cell sets torch's and BLAS's threads for its process)
             kill_at = None
@@ -656,7 +671,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
                 cell(cfg)
             (saved,) = Path(cfg["checkpoints"]).iterdir()
             assert saved == benchmark.cell_checkpoint(cfg, "yacht", 0, "gm")
-            assert torch.load(saved, weights_only=True)["progress"]["stage"][0] == "final"
+            assert saved_progress(saved)["stage"][0] == "final"
             kill_at = None
             resumed, resumed_evaluations = cell(cfg)
     finally:
@@ -667,4 +682,17 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
     assert benchmark.run(args) == 0  # the checkpoint now holds the finished fit: its row, with no training
     (row,) = read_rows(path)
     assert row["rmse"] == repr(resumed["rmse"]) and row["train_seconds"] == repr(resumed["train_seconds"])
-    assert not Path(cfg["checkpoints"]).exists()  # deleted with the row written; the empty folder too
+    folder = Path(cfg["checkpoints"])
+    assert list(folder.iterdir()) == []  # deleted with the row written
+    # What a runner stopped between writing a row and deleting its checkpoint leaves, or a cell
+    # killed under other settings or code, or a write cut off by a kill: the next run deletes it
+    # (a write of the last hour may be another runner's, under way; an unfinished cell's checkpoint stays).
+    leftovers = {name: folder / name for name in ("yacht-0-gm-0123456789ab.ckpt", ".yacht-0-gm-x.ckpt.1.tmp")}
+    kept = {name: folder / name for name in ("yacht-0-exact-ard-0123456789ab.ckpt", ".yacht-1-gm-x.ckpt.2.tmp")}
+    for file in [*leftovers.values(), *kept.values()]:
+        file.write_bytes(b"")
+    hours_ago = time.time() - 7200
+    os.utime(leftovers[".yacht-0-gm-x.ckpt.1.tmp"], (hours_ago, hours_ago))
+    assert benchmark.run(args) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(kept)
+    assert len(read_rows(path)) == 1  # (nothing ran again)

@@ -179,7 +179,10 @@ class SimplexStep:
     def load_state_dict(self, state: dict) -> None:
         fista = self.fista
         fista.step_size, fista.momentum, fista.extrapolation = state["step_size"], state["momentum"], state["extrapolation"]
-        fista._previous, self.moved = state["previous"], state["moved"]
+        # (a checkpoint is read onto the CPU; π may live on a GPU)
+        previous = state["previous"]
+        fista._previous = None if previous is None else [q.to(p) for q, p in zip(previous, self.parameters)]
+        self.moved = state["moved"]
 
     def owns(self, parameter: Tensor) -> bool:
         return any(parameter is p for p in self.parameters)
