@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, ImportError) as err:  # ImportError: an optional extra (matplotlib) missing
         message = " ".join(str(err).split())  # one line, whatever the exception text holds
         print(f"alacarte: error: {message}", file=sys.stderr)
         return 2

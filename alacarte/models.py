@@ -63,17 +63,18 @@ class FunctionSamples:
 
     def __init__(self, model: "FeatureGP", weights: Tensor):
         self._model = model
-        self.weights = weights  # (k, D), internal units
+        self.weights = weights  # (*batch, k, D), internal units
 
     def __len__(self) -> int:
-        return self.weights.shape[0]
+        return self.weights.shape[-2]
 
     @torch.no_grad()
     def __call__(self, x) -> Tensor:
         model = self._model
         inner = model.internal_query_inputs(x)
-        f = model.mean_module(inner).unsqueeze(-1) + model.covar_module.features(inner) @ self.weights.T.to(inner.dtype)
-        return (f * model.target_scale + model.target_offset).T
+        weights = self.weights.transpose(-1, -2).to(inner.dtype)
+        f = model.mean_module(inner).unsqueeze(-1) + model.covar_module.features(inner) @ weights
+        return (f * model.target_scale + model.target_offset).transpose(-1, -2)
 
 
 class _StandardizedGP(ExactGP):
@@ -195,13 +196,14 @@ class _StandardizedGP(ExactGP):
                     variances.append(var)
         finally:
             self.train(was_training)
-        mean = torch.cat(means) * self.target_scale + self.target_offset
+        # Test points are the last axis; a batched kernel's leading axes are its batch.
+        mean = torch.cat(means, dim=-1) * self.target_scale + self.target_offset
         if mean_only:
             return Prediction(mean, None, None)
         scale2 = self.target_scale**2
-        variance = torch.cat(variances) * scale2
+        variance = torch.cat(variances, dim=-1) * scale2
         noise = homoskedastic_noise(self.likelihood) * scale2
-        return Prediction(mean, variance, variance + noise)
+        return Prediction(mean, variance, variance + noise.unsqueeze(-1))
 
 
 class FeatureGP(_StandardizedGP):
@@ -230,6 +232,12 @@ class FeatureGP(_StandardizedGP):
     def __init__(self, train_x, train_y, kernel: FeatureKernel, likelihood: GaussianLikelihood | None = None):
         if not isinstance(kernel, FeatureKernel):
             raise ValueError(f"FeatureGP needs an alacarte FeatureKernel, got {type(kernel).__name__}")
+        if kernel.active_dims is not None:
+            raise ValueError(
+                "FeatureGP feeds all of its inputs to the kernel's features, so a kernel with active_dims would "
+                "see other columns in training and in prediction: select the columns in the data instead "
+                "(x[:, dims], num_dims=len(dims))"
+            )
         super().__init__(train_x, train_y, likelihood, kernel.num_dims)  # (checks the likelihood)
         self.covar_module = kernel
         self._posterior: WoodburyPosterior | None = None
@@ -237,10 +245,20 @@ class FeatureGP(_StandardizedGP):
     def forward(self, x: Tensor) -> MultivariateNormal:
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
-    def train(self, mode: bool = True):
-        if mode:  # parameters may change while training: the cached posterior goes stale
-            self._posterior = None
-        return super().train(mode)
+    def _clear_cache(self) -> None:
+        # GPyTorch calls this on train() and load_state_dict(): either may change the
+        # parameters the cached posterior was computed from.
+        super()._clear_cache()
+        self._posterior = None
+
+    def _apply(self, fn):
+        posterior, self._posterior = self._posterior, None
+        module = super()._apply(fn)
+        if posterior is not None and self.train_inputs is None:
+            # Streamed (cache_posterior): no rows to recompute it from, so it moves with the model.
+            self._posterior = WoodburyPosterior.from_factor(fn(posterior.cholesky), fn(posterior.weights),
+                                                            fn(posterior.noise))
+        return module
 
     def set_train_data(self, inputs=None, targets=None, strict=True):
         self._posterior = None
@@ -336,8 +354,8 @@ class FeatureGP(_StandardizedGP):
         z = torch.randn(dim, num_samples, generator=generator, dtype=posterior.weights.dtype).to(posterior.weights.device)
         # σ L⁻ᵀ z has covariance σ² (L Lᵀ)⁻¹ = σ² A⁻¹.
         spread = torch.linalg.solve_triangular(posterior.cholesky.transpose(-1, -2), z, upper=True)
-        weights = posterior.weights.unsqueeze(-1) + posterior.noise.sqrt() * spread
-        return FunctionSamples(self, weights.T.contiguous())
+        weights = posterior.weights.unsqueeze(-1) + posterior.noise.sqrt()[..., None, None] * spread
+        return FunctionSamples(self, weights.transpose(-1, -2).contiguous())
 
     def _chunk_rows(self) -> int:
         itemsize = torch.finfo(self._model_dtype()).bits // 8

@@ -149,3 +149,19 @@ def test_bad_model_and_missing_columns_fail_with_one_line(fitted, tmp_path, caps
 def test_demo_refuses_sizes_that_are_not_positive(flag, capsys):
     assert main(["demo", flag, "-5", "-q"]) == 2
     assert f"{flag} must be a positive integer, got -5" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_fails_with_one_line(fitted, monkeypatch, capsys):
+    _, model, _, _, _ = fitted
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
+    assert main(["plot", model, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == "alacarte: error: pictures need matplotlib: pip install 'alacarte[plot]'\n"
+
+
+def test_python_dash_m_runs_the_command_line():
+    proc = subprocess.run([sys.executable, "-m", "alacarte", "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: alacarte")

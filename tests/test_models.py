@@ -1,5 +1,6 @@
 """FeatureGP / ExactRBFGP / fit: the fast path, chunked prediction, bad input, training."""
 import contextlib
+import copy
 import warnings
 from unittest import mock
 
@@ -698,3 +699,66 @@ def test_models_refuse_what_they_cannot_train():
         warnings.simplefilter("ignore", RuntimeWarning)
         history = fit(model, x, y, restarts=0, max_iter=5, progress=False)
     assert history.iterations >= 1 and not torch.equal(kernel.simplex_weights.detach(), before)
+
+
+def test_a_cached_posterior_follows_load_state_dict_and_dtype_changes():
+    """The posterior cached in eval mode belongs to the parameters and dtype it was computed with
+    (GPyTorch's own models drop their caches on load_state_dict and convert them with .to())."""
+    x, y = toy_data(n=80)
+    x_test = toy_data(n=20, seed=2)[0]
+    fitted, other = feature_model(), feature_model()
+    fit(fitted, x, y, max_iter=10, restarts=0, progress=False)
+    fit(other, x, y + 5 * x[:, 2], max_iter=10, restarts=0, progress=False)
+    expected = fitted.predict(x_test)
+    other.predict(x_test)  # caches other's posterior
+    other.load_state_dict(fitted.state_dict())
+    other.set_train_data(*fitted.train_inputs, fitted.train_targets, strict=False)
+    got = other.predict(x_test)
+    assert torch.equal(got.mean, expected.mean) and torch.equal(got.variance, expected.variance)
+
+    # .float() after predicting: as a model converted before it ever predicted
+    never_queried = copy.deepcopy(fitted).float()
+    converted = copy.deepcopy(fitted)
+    converted.predict(x_test)
+    converted.float()
+    a, b = converted.predict(x_test.float()), never_queried.predict(x_test.float())
+    assert a.mean.dtype == torch.float32 and converted.posterior().cholesky.dtype == torch.float32
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+
+    # a streamed posterior has no rows to be recomputed from: it moves with the model,
+    # and parameters loaded into the model drop it
+    streamed = copy.deepcopy(fitted)
+    streamed.cache_posterior(x, y)
+    streamed.float()
+    assert streamed.posterior().cholesky.dtype == torch.float32
+    torch.testing.assert_close(streamed.predict(x_test).mean, expected.mean.float(), rtol=1e-4, atol=1e-3)
+    streamed.load_state_dict(fitted.float().state_dict())
+    with pytest.raises(ValueError, match="no training data"):
+        streamed.predict(x_test)
+
+
+def test_a_batched_feature_gp_predicts_each_batch_with_its_own_noise():
+    x, y = toy_data(n=40)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([3]))
+    kernel = FSARDKernel(3, 16, ard_num_dims=3, seed=0, batch_shape=torch.Size([3]))
+    model = FeatureGP(x, y, kernel, likelihood).double()
+    model.likelihood.noise = torch.tensor([[0.01], [0.1], [1.0]])
+    model.eval()
+    x_test = toy_data(n=3, seed=2)[0]  # as many test points as batches: a wrong axis broadcasts silently
+    whole = model.predict(x_test)
+    chunked = model.predict(x_test, chunk_size=2)
+    assert whole.mean.shape == whole.variance.shape == (3, 3)
+    torch.testing.assert_close(chunked.mean, whole.mean)  # equal up to the triangular solves' blocking
+    torch.testing.assert_close(chunked.variance, whole.variance)
+    with torch.no_grad():
+        reference = model.likelihood(model(x_test)).variance  # GPyTorch's, internal = original units here
+    torch.testing.assert_close(whole.observed_variance, reference)
+    torch.testing.assert_close(whole.observed_variance - whole.variance,
+                               torch.tensor([0.01, 0.1, 1.0], dtype=torch.float64)[:, None].expand(3, 3))
+    assert model.sample_functions(5, seed=0)(x_test).shape == (3, 5, 3)
+
+
+def test_a_feature_gp_refuses_a_kernel_with_active_dims():
+    kernel = FSARDKernel(2, 16, ard_num_dims=2, active_dims=[1, 0], seed=0)
+    with pytest.raises(ValueError, match="select the columns in the data instead"):
+        FeatureGP(None, None, kernel)

@@ -69,7 +69,8 @@ class FeatureKernel(Kernel):
         simplex_size: initial (or fixed) ``c``; default ``num_dims`` (unit lengthscales).
         learn_simplex_size: learn ``c`` (default) or keep it fixed.
         **kwargs: passed to :class:`gpytorch.kernels.Kernel` (``ard_num_dims``,
-            ``batch_shape``, ``active_dims``, ``lengthscale_prior`` …).
+            ``batch_shape``, ``lengthscale_prior`` …; ``active_dims`` in GPyTorch's
+            models — :class:`~alacarte.FeatureGP` refuses it, select the columns instead).
     """
 
     outputscale = ConstrainedParameter()
