@@ -13,8 +13,9 @@
 * ``alacarte bench run|report ...`` — the resumable UCI benchmark and its report
   beside the paper's Table 1 (:mod:`alacarte.benchmark`).
 
-Every command but ``bench`` (whose CSV is its machine-readable output) takes ``-q`` (no progress bars) and ``--json`` (machine-readable
-output).  Errors — a missing file, a bad CSV, an unreadable model — end with
+Every command but ``bench`` (whose CSV is its machine-readable output) takes ``-q``
+(no progress bars) and ``--json`` (machine-readable output); ``bench run`` takes
+``-q`` too (one line per cell instead of the bar).  Errors — a missing file, a bad CSV, an unreadable model — end with
 exit status 2 and one line ``alacarte: error: ...`` on stderr.  A new command is
 one ``_add_<name>(commands, common)`` function listed in :data:`COMMANDS`.
 """
@@ -250,7 +251,9 @@ def _add_demo(commands, common) -> None:
     demo.add_argument("--n", type=int, default=2000, help="training points (default 2000)")
     demo.add_argument("--n-test", type=int, default=1000, help="test points (default 1000)")
     demo.add_argument("--num-samples", type=int, default=256, help="frequencies M of the FSARD kernel")
-    demo.add_argument("--max-iter", type=int, default=100, help="L-BFGS iterations per model")
+    demo.add_argument("--max-iter", type=int, default=100,
+                      help="L-BFGS iterations of each model's final optimisation (as many again for a refit "
+                           "when its noise ends at the lower bound)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(run=_demo)
 
