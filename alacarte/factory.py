@@ -99,7 +99,8 @@ def make_model(
 
     Feature models get ``num_samples`` frequencies (D = 2·``num_samples``
     features) drawn from ``seed``.  A kernel object is used as it is (not
-    copied) and must have ``num_dims`` input dimensions.
+    copied) and must have ``num_dims`` input dimensions; the model takes its dtype
+    and device.
 
     Args:
         kernel: a name above or an alacarte :class:`~alacarte.FeatureKernel`.
@@ -114,17 +115,20 @@ def make_model(
         >>> type(model.covar_module).__name__
         'SpectralMixtureFastfoodKernel'
     """
-    check_positive_int(num_dims, "num_dims")
+    num_dims = check_positive_int(num_dims, "num_dims")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     if isinstance(kernel, FeatureKernel):
         if kernel.num_dims != num_dims:
             raise ValueError(f"the kernel was built for {kernel.num_dims} input dimensions, the data have {num_dims}")
-        return FeatureGP(None, None, kernel)
+        # The likelihood and mean take the kernel's dtype and device, not the defaults.
+        reference = next(t for t in kernel.state_dict().values() if t.is_floating_point())
+        with default_dtype(reference.dtype):
+            return FeatureGP(None, None, kernel).to(reference.device)
     if not isinstance(kernel, str):
         raise ValueError(f"kernel must be a name ({', '.join(KERNEL_NAMES)}) or a FeatureKernel, got {kernel!r}")
-    check_positive_int(num_samples, "num_samples")
-    check_positive_int(num_components, "num_components")
+    num_samples = check_positive_int(num_samples, "num_samples")
+    num_components = check_positive_int(num_components, "num_components")
     with default_dtype(dtype):
         if kernel in ("exact-ard", "exact-rbf"):
             return ExactRBFGP(None, None, num_dims=num_dims, ard=kernel == "exact-ard")

@@ -202,11 +202,20 @@ def _build_model(record: dict[str, Any]) -> Model:
     return model
 
 
+def _refuse_priors(module: torch.nn.Module, what: str) -> None:
+    # A prior without buffers would vanish from the file unnoticed: none are saved.
+    names = [name for name, *_ in module.named_priors()]
+    if names:
+        raise ValueError(f"{what} cannot be saved faithfully: it has priors ({', '.join(names)}); saved models "
+                         "support alacarte kernels without priors")
+
+
 def _check_rebuilds(model: Model, record: dict[str, Any]) -> None:
     """Refuse to write a file that would not load back into the same model."""
+    _refuse_priors(model, "this model")
     try:
         rebuilt = _build_model({k: v for k, v in record.items() if k != "posterior"})
-    except (RuntimeError, TypeError, ValueError) as err:
+    except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise ValueError(
             f"this model cannot be saved faithfully ({type(err).__name__}: {err}); saved models support "
             "alacarte kernels without priors"
@@ -224,11 +233,12 @@ def _floating_dtype(module: torch.nn.Module) -> torch.dtype:
 
 
 def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
+    _refuse_priors(kernel, "the estimator's kernel")
     record = {"object": _kernel_record(kernel), "dtype": _dtype_name(_floating_dtype(kernel)),
               "state_dict": _cpu(kernel.state_dict()), "frozen": _frozen(kernel)}
     try:
         rebuilt = _build_kernel_object(record)
-    except (RuntimeError, TypeError, ValueError) as err:
+    except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise ValueError(f"the estimator's kernel cannot be saved faithfully ({type(err).__name__}: {err})") from err
     if _constraint_signature(rebuilt) != _constraint_signature(kernel):
         raise ValueError("the estimator's kernel cannot be saved faithfully: it has a non-default constraint type")
@@ -243,7 +253,9 @@ def _build_kernel_object(record: dict[str, Any]) -> FeatureKernel:
 
 
 def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
-    params = reg.get_params()
+    # A grid search passes numpy scalars, which a weights-only load refuses: files hold Python values.
+    params = {name: value.item() if isinstance(value, np.generic) else value
+              for name, value in reg.get_params().items()}
     if isinstance(params["kernel"], FeatureKernel):
         params["kernel"] = _kernel_object_record(params["kernel"])
     state = params["random_state"]

@@ -74,7 +74,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
     Attributes:
         model_: the fitted :class:`~alacarte.FeatureGP` / :class:`~alacarte.ExactRBFGP`.
         history_: the :class:`~alacarte.training.FitHistory` of the fit.
-        n_iter_: iterations of the final optimisation (after the restarts).
+        n_iter_: iterations of the final optimisation (after the restarts), plus
+            those of the noise refit when it was kept (see :class:`~alacarte.training.FitHistory`);
+            at most 2·``max_iter``.
         log_marginal_likelihood_: :math:`\log p(y \mid X, \hat\theta)` of the training
             targets in their original units (summed over the n points; log priors included).
         n_features_in_: number of input dimensions.

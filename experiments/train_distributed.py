@@ -125,7 +125,7 @@ def main() -> None:
             f"| {args.n:,} | {args.n_test:,} | {world} | {result['D']} | {result['iterations']} | "
             f"{result['converged']} | {seconds / 60:.1f} | {rmse:.4f} | {nlpd:.4f} | {result['noise_std']:.4f} |",
             "",
-            f"The targets' noise std is 0.1 (the RMSE floor). Largest learned relevances 1/ℓ: "
+            "The targets' noise std is 0.1 (the RMSE floor). Largest learned relevances 1/ℓ: "
             + ", ".join(f"x{i + 1}: {relevance[i]:.2f}" for i in top)
             + " (SE1 depends on x1, x3, x7, x8, x9).",
         ]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from gpytorch.constraints import Interval
-from gpytorch.priors import GammaPrior
+from gpytorch.priors import GammaPrior, UniformPrior
 
 import alacarte as ac
 from alacarte import AlaCarteRegressor
@@ -241,6 +241,34 @@ def test_models_a_file_cannot_rebuild_are_refused(tmp_path):
     assert not (tmp_path / "c.alacarte").exists() and not (tmp_path / "p.alacarte").exists()
     with pytest.raises(ValueError, match="save_model takes"):
         save_model(torch.nn.Linear(2, 2), tmp_path / "l.alacarte")
+
+
+def test_a_prior_without_buffers_is_refused_not_dropped(tmp_path):
+    """A UniformPrior holds no buffers, so the state dict cannot show it: it would be saved without it."""
+    kernel = ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0, lengthscale_prior=UniformPrior(0.01, 100.0))
+    assert not any("prior" in key for key in kernel.state_dict())
+    with pytest.raises(ValueError, match="has priors .*lengthscale_prior"):
+        save_model(ac.FeatureGP(None, None, kernel).double(), tmp_path / "m.alacarte")
+    with pytest.raises(ValueError, match="has priors"):
+        save_model(AlaCarteRegressor(kernel), tmp_path / "r.alacarte")
+    assert not list(tmp_path.iterdir())
+
+
+def test_numpy_scalars_from_a_grid_search_save_and_reload(tmp_path):
+    """GridSearchCV passes numpy integers; files hold Python values a weights-only load accepts."""
+    x, y = data()
+    reg = AlaCarteRegressor("gm", num_samples=np.int64(16), num_components=np.int32(2), max_iter=np.int64(5),
+                            restarts=1, restart_iter=2, random_state=np.int64(3), progress=np.bool_(False)).fit(x, y)
+    loaded = load_model(save_model(reg, tmp_path / "r.alacarte"))
+    assert loaded.get_params() == reg.get_params()
+    assert all(type(v) in (int, bool, str) for v in loaded.get_params().values())
+    assert np.array_equal(loaded.predict(x), reg.predict(x))
+    # A kernel built with numpy sizes keeps Python ints, which the model file records.
+    kernel = ac.SpectralMixtureFastfoodKernel(np.int64(3), np.int64(16), num_components=np.int64(2), seed=0)
+    assert (type(kernel.num_dims), type(kernel.num_samples), type(kernel.num_components)) == (int, int, int)
+    model = make_model(kernel, np.int64(3))
+    ac.fit(model, x, y, max_iter=2, restarts=0, progress=False)
+    assert torch.equal(load_model(save_model(model, tmp_path / "m.alacarte")).predict(x).mean, model.predict(x).mean)
 
 
 @pytest.mark.parametrize("how", ["fit chunk_size", "cache_posterior"])

@@ -185,3 +185,14 @@ def test_factory_knows_every_name_and_checks_dimensions():
         make_model("nope", 3)
     with pytest.raises(ValueError, match="built for 2 input dimensions"):
         make_model(ac.FSARDKernel(2, 8, seed=0), 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_kernel_object_gives_a_model_of_its_dtype_that_fits(dtype):
+    kernel = ac.FSARDKernel(3, 8, ard_num_dims=3, seed=0).to(dtype)
+    model = make_model(kernel, 3)
+    assert model.covar_module is kernel
+    assert {t.dtype for t in model.state_dict().values() if t.is_floating_point()} == {dtype}
+    x = torch.randn(40, 3, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    ac.fit(model, x, x.sin().sum(1), max_iter=3, restarts=0, progress=False)
+    assert model.predict(x).mean.dtype == dtype

@@ -90,8 +90,9 @@ class FeatureKernel(Kernel):
         learn_simplex_size: bool = True,
         **kwargs,
     ):
-        check_positive_int(num_dims, "num_dims")
-        check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
+        # Stored as Python ints: a numpy integer (what a grid search passes) would not survive save_model.
+        num_dims = check_positive_int(num_dims, "num_dims")
+        num_samples = check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
         ard_num_dims = kwargs.get("ard_num_dims")
         if ard_num_dims is not None and ard_num_dims not in (1, num_dims):
             raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
@@ -268,8 +269,8 @@ class MixtureFeatureKernel(FeatureKernel):
         weights_constraint: Interval | None = None,
         **kwargs,
     ):
-        check_positive_int(num_components, "num_components")
-        check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
+        num_components = check_positive_int(num_components, "num_components")
+        num_samples = check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
         if num_samples % num_components:
             raise ValueError(
                 f"num_samples={num_samples} must be a multiple of num_components={num_components} "
