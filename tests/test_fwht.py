@@ -4,6 +4,8 @@ import pytest
 import scipy.linalg
 import torch
 
+import alacarte as ac
+import alacarte.ops.fwht as ops
 from alacarte.ops.fwht import SCHEMES, fwht, fwht_scheme, hadamard_matrix, plan_for
 
 POWERS = [1 << k for k in range(13)]  # 1 … 4096
@@ -128,3 +130,24 @@ def test_output_is_fresh_and_input_untouched():
 def test_not_power_of_two(p):
     with pytest.raises(ValueError, match="power of two"):
         fwht(torch.randn(2, p))
+
+
+def test_caches_filled_under_inference_mode_still_work_with_autograd():
+    """Predicting under torch.inference_mode() first must not break later training (its cached
+    buffers would be inference tensors, which cannot be written or saved for backward outside it)."""
+    ops._WORKSPACES.clear()
+    ops._hadamard_cached.cache_clear()
+    ops._blockdiag_cached.cache_clear()
+    kernel = ac.FastfoodRBFKernel(5, 64, ard_num_dims=5, seed=0).double()
+    x = torch.randn(30, 5, dtype=torch.float64)
+    with torch.inference_mode():
+        kernel.features(x)
+        for scheme in SCHEMES:
+            fwht_scheme(torch.randn(3, 256, dtype=torch.float64), scheme)
+    features = kernel.features(x)
+    features.sum().backward()
+    assert torch.isfinite(kernel.raw_lengthscale.grad).all()
+    for scheme in SCHEMES:
+        y = torch.randn(3, 256, dtype=torch.float64, requires_grad=True)
+        fwht_scheme(y, scheme).sum().backward()
+        assert torch.allclose(y.grad, hadamard_matrix(256).sum(0).expand(3, -1).contiguous())

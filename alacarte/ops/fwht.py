@@ -49,6 +49,7 @@ def _check_power_of_two(p: int) -> None:
 
 
 @functools.lru_cache(maxsize=128)
+@torch.inference_mode(False)  # cached for later calls: never an inference tensor
 def _hadamard_cached(p: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     h = torch.ones(1, 1, dtype=dtype, device=device)
     while h.shape[0] < p:
@@ -57,6 +58,7 @@ def _hadamard_cached(p: int, dtype: torch.dtype, device: torch.device) -> Tensor
 
 
 @functools.lru_cache(maxsize=128)
+@torch.inference_mode(False)
 def _blockdiag_cached(p: int, width: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``I_{width/p} ⊗ H_p`` (width × width)."""
     eye = torch.eye(width // p, dtype=dtype, device=device)
@@ -81,7 +83,9 @@ def workspace(slot: str, numel: int, dtype: torch.dtype, device: torch.device) -
     key = (slot, dtype, device)
     buf = _WORKSPACES.get(key)
     if buf is None or buf.numel() < numel:
-        buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
+        # Never an inference tensor: one made under torch.inference_mode() could not be written outside it.
+        with torch.inference_mode(False):
+            buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
         _WORKSPACES[key] = buf
     return buf[:numel]
 
