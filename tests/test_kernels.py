@@ -75,3 +75,52 @@ def test_fastfood_matches_gpytorch_rbf_in_expectation():
     err = (ours(x).to_dense() - ref(x).to_dense()).abs().max().item()
     assert err < 0.05
     assert torch.allclose(ref(x).to_dense(), rbf_kernel(x, x, ref.lengthscale, 1.0))
+
+
+def test_a_constraint_that_excludes_the_starting_value_is_refused():
+    """Out of its constraint a starting value inverts to a NaN raw parameter (NaN features, silently)."""
+    from gpytorch.constraints import GreaterThan, Interval
+
+    from alacarte import PiecewiseLinearRadialKernel, SpectralMixtureFastfoodKernel
+
+    cases = [
+        (lambda: FSARDKernel(3, 64, seed=0, radius_constraint=Interval(0.5, 2.0)), "radius"),
+        (lambda: FastfoodRBFKernel(3, 64, seed=0, outputscale_constraint=GreaterThan(2.0)), "outputscale"),
+        (lambda: SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0,
+                                               weights_constraint=Interval(0.6, 1.0)), "weights"),
+        (lambda: PiecewiseLinearRadialKernel(3, 8, num_components=2, seed=0,
+                                             modes_constraint=GreaterThan(1e3)), "modes"),
+    ]
+    for build, name in cases:
+        try:
+            build()
+        except ValueError as err:
+            assert f"excludes the starting value of {name}" in str(err)
+        else:
+            raise AssertionError(f"{name}: a constraint excluding the starting value was accepted")
+    # A constraint that holds the start is fine and gives finite features.
+    kernel = FSARDKernel(3, 64, seed=0, outputscale_constraint=Interval(0.1, 10.0)).double()
+    assert torch.isfinite(kernel.features(torch.randn(5, 3, dtype=torch.float64))).all()
+
+
+def test_a_copy_of_x1_as_x2_gets_its_own_gradient():
+    """Equal values in distinct tensors are not the same input when gradients flow (finite differences)."""
+    kernel = FSARDKernel(3, 32, ard_num_dims=3, seed=0).double()
+    x1 = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_()
+    kernel(x1, x2).to_dense().sum().backward()
+    assert x2.grad is not None
+    # d/dx1 of Σ k(x1, c) with c a constant copy of x1, by central differences.
+    constant, eps = x1.detach().clone(), 1e-6
+    expected = torch.zeros_like(constant)
+    with torch.no_grad():
+        for index in range(constant.numel()):
+            step = torch.zeros_like(constant).view(-1)
+            step[index] = eps
+            step = step.view_as(constant)
+            plus = kernel(constant + step, constant).to_dense().sum()
+            minus = kernel(constant - step, constant).to_dense().sum()
+            expected.view(-1)[index] = (plus - minus) / (2 * eps)
+    x1.grad = None
+    kernel(x1, constant).to_dense().sum().backward()
+    assert torch.allclose(x1.grad, expected, rtol=1e-6, atol=1e-8)

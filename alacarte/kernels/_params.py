@@ -72,6 +72,11 @@ def register_constrained_parameter(
     """Register ``raw_<name>`` (initialised so that ``module.<name> == value``), its
     constraint and, if given, ``<name>_prior``.  The class must declare
     ``<name> = ConstrainedParameter()``."""
+    try:  # outside the constraint the raw value would be NaN: every feature NaN, silently
+        value = checked_value(name, value, constraint, value)
+    except ValueError as err:
+        raise ValueError(f"the constraint {constraint} excludes the starting value of {name} ({err}); "
+                         "widen the constraint") from None
     module.register_parameter(f"raw_{name}", torch.nn.Parameter(constraint.inverse_transform(value)))
     module.register_constraint(f"raw_{name}", constraint)
     if prior is not None:

@@ -234,7 +234,10 @@ class FeatureKernel(Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
             raise ValueError(f"{type(self).__name__} does not support last_dim_is_batch (deprecated in GPyTorch)")
-        same = x1 is x2 or (x1.shape == x2.shape and torch.equal(x1, x2))
+        # Equal values count as the same input only when no gradient flows to them: the shortcut
+        # would give x2 no gradient and x1 the symmetric one (doubled for a constant x2).
+        tracked = torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad)
+        same = x1 is x2 or (not tracked and x1.shape == x2.shape and torch.equal(x1, x2))
         if diag and same:
             batch = torch.broadcast_shapes(x1.shape[:-2], self.batch_shape)
             return self.prior_variance().view(*self.batch_shape, 1).expand(*batch, x1.shape[-2])
