@@ -188,8 +188,11 @@ class FeatureKernelTestCase(BaseKernelTestCase):
             with self.assertRaisesRegex(ValueError, f"{name} has shape .* does not broadcast"):
                 setattr(kernel, name, torch.full((before.numel() + 1,), 0.5, dtype=torch.float64))
             self.assertTrue(torch.equal(getattr(kernel, name), before), name)
-            setattr(kernel, name, before.flatten())  # as many values as the parameter: taken in its shape
+            setattr(kernel, name, before.squeeze())  # its values without singleton dimensions: taken in its shape
             self.assertTrue(torch.allclose(getattr(kernel, name), before, rtol=1e-12), name)
+            if before.squeeze().dim() > 1:  # the right number of values in another layout would be scrambled
+                with self.assertRaisesRegex(ValueError, f"{name} has shape .* does not broadcast"):
+                    setattr(kernel, name, before.flatten())
 
     def test_rejects_wrong_input_dimension(self):
         kernel = self.make_kernel(3)

@@ -124,3 +124,21 @@ def test_a_copy_of_x1_as_x2_gets_its_own_gradient():
     x1.grad = None
     kernel(x1, constant).to_dense().sum().backward()
     assert torch.allclose(x1.grad, expected, rtol=1e-6, atol=1e-8)
+
+
+def test_a_weight_that_underflowed_to_zero_has_a_finite_gradient():
+    """softplus(−110) is 0 in float32; √0 has an infinite slope and ∞·0 made the raw gradient NaN."""
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    x = torch.randn(20, 3)
+    mixture = SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0)
+    with torch.no_grad():
+        mixture.raw_weights[0] = -110.0
+    assert mixture.weights[0] == 0
+    mixture.features(x).square().sum().backward()
+    assert torch.isfinite(mixture.raw_weights.grad).all() and mixture.raw_weights.grad[0] == 0
+    single = FSARDKernel(3, 8, seed=0)
+    with torch.no_grad():
+        single.raw_outputscale.fill_(-110.0)
+    single.features(x).square().sum().backward()
+    assert torch.isfinite(single.raw_outputscale.grad).all()

@@ -189,6 +189,17 @@ def test_simplex_needs_ard_lengthscales():
         ac.FSARDKernel(3, 8, ard_num_dims=3, simplex=True, simplex_size=-1.0)
 
 
+def test_simplex_lengthscale_setter_takes_what_the_plain_one_takes():
+    per_batch = torch.tensor([[0.5, 1.0, 2.0], [1.0, 1.0, 4.0]], dtype=torch.float64)
+    for simplex in (False, True):
+        kernel = ac.FSARDKernel(3, 8, ard_num_dims=3, simplex=simplex, batch_shape=torch.Size([2]), seed=0).double()
+        kernel.lengthscale = per_batch
+        assert torch.allclose(kernel.lengthscale.reshape(2, 3), per_batch, rtol=1e-12)
+        for bad in ([1.0, 2.0], per_batch.t()):
+            with pytest.raises(ValueError, match="does not broadcast"):
+                kernel.lengthscale = bad
+
+
 def test_pwl_and_fsgbard_take_the_simplex_option():
     x = torch.randn(6, 4, dtype=torch.float64)
     for kernel in (ac.PiecewiseLinearRadialKernel(4, 16, num_components=2, ard_num_dims=4, simplex=True, seed=0),

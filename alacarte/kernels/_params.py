@@ -46,12 +46,19 @@ def checked_value(name: str, value, constraint: Interval, raw: Tensor) -> Tensor
         shown = value.tolist() if value.numel() <= 8 else f"a tensor of shape {tuple(value.shape)}"
         raise ValueError(f"{name} must be finite and strictly inside ({lower.min().item():g}, "
                          f"{upper.max().item():g}), got {shown}")
-    if value.numel() == raw.numel():
-        return value.reshape(raw.shape)
+    return shaped_like(name, value, raw)
+
+
+def shaped_like(name: str, value: Tensor, target: Tensor) -> Tensor:
+    """``value`` in ``target``'s shape: the same values up to singleton dimensions (d values for a
+    (1, d) lengthscale), else broadcast.  Reshaping any value of the right size would scramble,
+    e.g., a transposed (d, b) for (b, 1, d)."""
+    if value.numel() == target.numel() and value.squeeze().shape == target.squeeze().shape:
+        return value.reshape(target.shape)
     try:
-        return value.expand_as(raw)
+        return value.expand_as(target)
     except RuntimeError:
-        raise ValueError(f"{name} has shape {tuple(raw.shape)}: a value of shape {tuple(value.shape)} "
+        raise ValueError(f"{name} has shape {tuple(target.shape)}: a value of shape {tuple(value.shape)} "
                          "does not broadcast to it") from None
 
 

@@ -13,7 +13,7 @@ from torch import Tensor
 from .._validation import check_positive_int, check_seed
 from ..features.fourier import fourier_features
 from ..selection.simplex import project_to_simplex
-from ._params import ConstrainedParameter, checked_value, register_constrained_parameter
+from ._params import ConstrainedParameter, checked_value, register_constrained_parameter, shaped_like
 
 __all__ = ["FeatureKernel", "MixtureFeatureKernel"]
 
@@ -24,6 +24,12 @@ def resolve_seed(seed: int | None) -> int:
     if seed is None:
         return int(torch.randint(0, 2**62, (1,)).item())
     return check_seed(seed)
+
+
+def _safe_sqrt(variance: Tensor) -> Tensor:
+    """√variance with a finite gradient where the variance underflowed to 0 (a softplus of a very
+    negative raw value): there √ has an infinite slope, and ∞ · 0 made the raw gradient NaN."""
+    return variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
 
 
 class FeatureKernel(Kernel):
@@ -155,7 +161,9 @@ class FeatureKernel(Kernel):
             return
         ref = self.simplex_weights
         gamma = 1.0 / torch.as_tensor(value, dtype=ref.dtype, device=ref.device)
-        gamma = (gamma.reshape(1, -1) if gamma.dim() <= 1 else gamma).expand(ref.shape)
+        if gamma.dim() >= 2 and gamma.shape[-2] != 1:  # per-batch lengthscales (*batch, d)
+            gamma = gamma.unsqueeze(-2)
+        gamma = shaped_like("lengthscale", gamma, ref)
         if not bool(torch.isfinite(gamma).all()) or not bool((gamma >= 0).all()) or not bool((gamma.sum(-1) > 0).all()):
             raise ValueError("lengthscales must be positive (∞ allowed for dropped inputs, not all of them)")
         total = gamma.sum(-1, keepdim=True)
@@ -219,7 +227,7 @@ class FeatureKernel(Kernel):
 
     def feature_scale(self) -> Tensor:
         """Weight of each cos/sin pair, broadcastable to ``(*batch, 1, M)``."""
-        return (self.outputscale / self.num_samples).sqrt().view(*self.batch_shape, 1, 1)
+        return _safe_sqrt(self.outputscale / self.num_samples).view(*self.batch_shape, 1, 1)
 
     def prior_variance(self) -> Tensor:
         """k(x, x) = ‖φ(x)‖², identical for every x; shape ``(*batch,)``."""
@@ -302,7 +310,7 @@ class MixtureFeatureKernel(FeatureKernel):
         return proj.movedim(-3, -2).reshape(*proj.shape[:-3], proj.shape[-2], self.num_samples)
 
     def feature_scale(self) -> Tensor:
-        per_frequency = (self.weights / self.samples_per_component).sqrt()
+        per_frequency = _safe_sqrt(self.weights / self.samples_per_component)
         per_frequency = per_frequency.unsqueeze(-1).expand(*per_frequency.shape, self.samples_per_component)
         return per_frequency.reshape(*self.batch_shape, 1, self.num_samples)
 
