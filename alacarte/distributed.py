@@ -4,9 +4,12 @@ Every process holds a shard of the rows.  The marginal likelihood is a function
 of sums over rows (ΦᵀΦ, Φᵀr, rᵀr, n; docs/mathematics.md §4), so each evaluation costs two
 all-reduces: one packed buffer of statistics (D² + D + 3 numbers) after each
 process has streamed its own rows, and one of the parameter gradients after
-each has back-propagated the (then identical) adjoints through its own rows.
-Loss, gradients and so every optimiser step are the same on all processes, to
-round-off equal to a single-process run on all rows.  Every process must
+each has back-propagated the adjoints through its own rows.  Processes whose
+CPUs or BLAS round differently would still part ways (and their collectives
+stop matching), so each evaluation also broadcasts rank 0's parameters before
+and its loss and gradient after (a few numbers per parameter): every process
+takes rank 0's steps, bit for bit, to round-off equal to a single-process run
+on all rows.  Every process must
 draw the same random Fastfood state, i.e. build its kernel with the same
 ``seed``: :func:`check_identical_state` asserts that at start-up.
 
@@ -114,6 +117,7 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
         dist.monitored_barrier(group=group, wait_all_ranks=True, **kwargs)
     names = [name for name in model.state_dict() if name.split(".")[-1] not in _SET_BY_FIT]
     seed = getattr(model.covar_module, "seed", -1)
+    seed = seed - 2**64 if seed >= 2**63 else seed  # seeds go up to 2⁶⁴ − 1; the tensor is int64
     mine = torch.tensor([seed, len(names)] + [_checksum(model.state_dict()[n]) for n in names],
                         dtype=torch.int64, device=device)
     world = dist.get_world_size(group)
@@ -131,7 +135,8 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     for rank, other in enumerate(gathered[1:], start=1):
         other = other.cpu()
         if int(other[0]) != int(reference[0]):
-            problems.append(f"rank {rank} has kernel seed {int(other[0])}, rank 0 has {int(reference[0])}")
+            problems.append(f"rank {rank} has kernel seed {int(other[0]) % 2**64}, "
+                            f"rank 0 has {int(reference[0]) % 2**64}")
         differing = [name for name, a, b in zip(names, reference[2:], other[2:]) if int(a) != int(b)]
         if differing:
             problems.append(f"rank {rank} differs from rank 0 in {', '.join(differing)}")
@@ -140,6 +145,21 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
             "data-parallel training needs the same random Fastfood state and initial parameters on every "
             "process (build the kernel with the same seed= everywhere): " + "; ".join(problems)
         )
+
+
+def _agree_on_inputs(problem: ValueError | None, group) -> None:
+    """Every process raises when any refused its rows (else the others would fail inside their first
+    collective with a closed connection, or wait for the timeout)."""
+    device = _collective_device(group)
+    world = dist.get_world_size(group)
+    flags = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(flags, torch.tensor([problem is not None], dtype=torch.int64, device=device), group=group)
+    failed = [rank for rank, flag in enumerate(flags) if int(flag)]
+    if problem is not None:
+        raise ValueError(f"this process (rank {dist.get_rank(group)}) cannot train on its rows: {problem}") from problem
+    if failed:
+        raise ValueError(f"rank(s) {', '.join(map(str, failed))} cannot train on their rows (see their error); "
+                         "every process needs valid, non-empty rows")
 
 
 def fit(
@@ -169,9 +189,14 @@ def fit(
         history = alacarte.distributed.fit(model, x[rows], y[rows], restarts=0, max_iter=200)
     """
     check_identical_state(model, group)
-    data = ChunkedData(
-        x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype,
-        group=group, distributed=True,
-    )
+    problem = None
+    try:
+        data = ChunkedData(
+            x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype,
+            group=group, distributed=True,
+        )
+    except ValueError as err:
+        problem = err
+    _agree_on_inputs(problem, group)
     fit_kwargs.setdefault("progress", dist.get_rank(group) == 0)
     return _fit(model, data, **fit_kwargs)

@@ -89,8 +89,10 @@ class ChunkedData:
       only one chunk is read into memory at a time;
     * chunks — ``x`` a re-iterable of ``(x_c, y_c)`` pairs (a list, a
       ``torch.utils.data.DataLoader``) and ``y=None``; it is iterated twice per
-      evaluation, so a one-shot generator is refused.  Chunks longer than the
-      chunk size are split.
+      evaluation, so a one-shot generator is refused, and must yield the same
+      rows on every pass (a ``DataLoader`` with ``shuffle=True`` does not: its
+      loss would be a stochastic estimate and its gradient another one's).
+      Chunks longer than the chunk size are split.
 
     Args:
         x, y: the data, as above.
@@ -223,17 +225,20 @@ class ChunkedData:
             dist.all_reduce(tensor, op=dist.ReduceOp.MAX if maximum else dist.ReduceOp.SUM, group=self.group)
         return tensor
 
-    def broadcast_state_(self, model) -> None:
-        """Copy rank 0's parameters and buffers to every process (after a data-driven initialisation)."""
+    @torch.no_grad()
+    def broadcast_(self, tensors) -> None:
+        """Overwrite every process's ``tensors`` in place with rank 0's."""
         if not self.distributed:
             return
         import torch.distributed as dist
 
         src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        with torch.no_grad():
-            for tensor in model.state_dict().values():
-                if isinstance(tensor, Tensor):
-                    dist.broadcast(tensor, src=src, group=self.group)
+        for tensor in tensors:
+            dist.broadcast(tensor, src=src, group=self.group)
+
+    def broadcast_state_(self, model) -> None:
+        """Copy rank 0's parameters and buffers to every process (after a data-driven initialisation)."""
+        self.broadcast_([t for t in model.state_dict().values() if isinstance(t, Tensor)])
 
     # -- column moments ---------------------------------------------------------------------
     @torch.no_grad()
@@ -300,7 +305,8 @@ def _check_model(model) -> None:
         )
 
 
-# n travels in the statistics' buffer as two floats, n = high·2²⁰ + low: exact even in float32.
+# n travels in the statistics' buffer as two floats, n = high·2²⁰ + low: exact in float64, and in
+# float32 while the summed low parts stay below 2²⁴ (always up to 16 processes).
 _N_SPLIT = 2**20
 
 
@@ -353,14 +359,20 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     statistics are summed with one all-reduce and the parameter gradients with
     another.
     """
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Processes on other CPUs (or BLAS code paths) round differently: left alone, their optimisers
+    # would part ways and their collectives stop matching. So every evaluation is at rank 0's
+    # parameters, and rank 0's loss and gradient are everyone's.
+    data.broadcast_([p.data for p in params])
     stats = streamed_statistics(model, data)
     mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
     if not backward:
         with torch.no_grad():
-            return -mll.from_statistics(stats)
+            loss = -mll.from_statistics(stats)
+        data.broadcast_([loss])
+        return loss
     leaves = [t.detach().clone().requires_grad_() for t in (stats.gram, stats.phi_r, stats.r_r)]
     loss = -mll.from_statistics(SufficientStatistics(*leaves, stats.n))
-    params = [p for p in model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, leaves + params, allow_unused=True)
     grad_gram, grad_phi_r, grad_r_r = grads[:3]
     direct = grads[3:]  # the noise's and the priors': already complete on every process
@@ -387,10 +399,16 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     if data.distributed and params:
         flat = data.all_reduce_(torch.cat([g.reshape(-1) for g in through_data]))
         through_data = [chunk.view_as(p) for chunk, p in zip(flat.split([p.numel() for p in params]), params)]
-    for p, g_data, g_direct in zip(params, through_data, direct):
-        g = g_data if g_direct is None else g_data + g_direct
+    gradients = [g_data if g_direct is None else g_data + g_direct for g_data, g_direct in zip(through_data, direct)]
+    loss = loss.detach()
+    if data.distributed:
+        flat = torch.cat([loss.reshape(1).to(stats_dtype)] + [g.reshape(-1).to(stats_dtype) for g in gradients])
+        data.broadcast_([flat])
+        loss = flat[0].to(loss.dtype)
+        gradients = [part.view_as(p).to(p.dtype) for part, p in zip(flat[1:].split([p.numel() for p in params]), params)]
+    for p, g in zip(params, gradients):
         p.grad = g if p.grad is None else p.grad + g
-    return loss.detach()
+    return loss
 
 
 def as_chunked_data(x, y=None, *, chunk_size: int | None = None, memory_budget: int | None = None,

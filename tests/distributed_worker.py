@@ -60,12 +60,19 @@ def main() -> None:
     result = {}
     try:
         ad.init(timeout=float(os.environ.get("ALACARTE_TEST_TIMEOUT", "20")))
-        x, y, model = make_case(seed=rank if scenario == "seed" else 0)
+        x, y, model = make_case(seed=rank * (2**64 - 1) if scenario == "seed" else 0)
         rows = ad.shard(len(x))
         ad.check_identical_state(model)
         if scenario == "checkpoint":
             result.update(resume_from_checkpoint(x[rows], y[rows], os.path.join(out_dir, "fit.ckpt")))
             raise SystemExit
+        if scenario == "empty":  # rank 1 holds no rows
+            ad.fit(model, x[rows] if rank == 0 else x[:0], y[rows] if rank == 0 else y[:0], progress=False)
+        if scenario == "rounding" and rank == 1:  # as on a CPU whose BLAS rounds otherwise
+            from alacarte.mll import WoodburyMarginalLogLikelihood
+
+            exact = WoodburyMarginalLogLikelihood.from_statistics
+            WoodburyMarginalLogLikelihood.from_statistics = lambda *a, **k: exact(*a, **k) * (1 + 1e-12)
         if scenario == "dead" and rank == 1:
             os._exit(3)  # a peer that dies in the middle of training
         if scenario == "dead":

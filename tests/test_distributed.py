@@ -98,6 +98,18 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         assert torch.equal(value, results[1]["restarted_state"][name]), name
 
 
+def test_processes_that_round_differently_still_take_rank_zeros_steps(tmp_path):
+    """Rank 1's loss is off by 1e-12 (another CPU's BLAS): rank 0's point, loss and gradient are everyone's."""
+    results, _ = _launch("rounding", tmp_path)
+    for r in (0, 1):
+        assert "error" not in results[r] and "exit" not in results[r], results[r]
+    assert results[0]["fit_loss"] == results[1]["fit_loss"]
+    for name, value in results[0]["state"].items():
+        assert torch.equal(value, results[1]["state"][name]), name
+    for name, value in results[0]["grads"].items():
+        assert torch.equal(value, results[1]["grads"][name]), name
+
+
 def test_killed_distributed_fit_resumes_from_rank_zeros_checkpoint(tmp_path):
     results, _ = _launch("checkpoint", tmp_path)
     for r in (0, 1):
@@ -113,8 +125,14 @@ def test_mismatched_seed_is_reported(tmp_path):
     results, _ = _launch("seed", tmp_path)
     for r in (0, 1):
         message = results[r].get("error", "")
-        assert "ValueError" in message and "rank 1 has kernel seed 1, rank 0 has 0" in message, results[r]
+        assert "ValueError" in message and "rank 1 has kernel seed 18446744073709551615, rank 0 has 0" in message, results[r]
         assert "radius" in message  # FSARD's learned radii are drawn from the seed
+
+
+def test_a_process_without_rows_makes_every_process_raise_a_value_error(tmp_path):
+    results, _ = _launch("empty", tmp_path)
+    assert "rank(s) 1 cannot train on their rows" in results[0].get("error", ""), results[0]
+    assert "(rank 1) cannot train on its rows: x is empty" in results[1].get("error", ""), results[1]
 
 
 @pytest.mark.slow
