@@ -142,3 +142,19 @@ def test_a_weight_that_underflowed_to_zero_has_a_finite_gradient():
         single.raw_outputscale.fill_(-110.0)
     single.features(x).square().sum().backward()
     assert torch.isfinite(single.raw_outputscale.grad).all()
+
+
+def test_inputs_of_another_dtype_than_the_kernel_are_a_clear_error():
+    """GM, PWL, SSGPR and RKS used to fail inside a matmul; the Fastfood ones silently mixed dtypes."""
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    x = torch.randn(5, 3, dtype=torch.float64)
+    for kernel in (SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0), SSGPRKernel(3, 8, seed=0),
+                   FastfoodRBFKernel(3, 8, seed=0)):
+        try:
+            kernel.features(x)
+        except ValueError as err:
+            assert "inputs are torch.float64 and the kernel torch.float32" in str(err)
+        else:
+            raise AssertionError(f"{type(kernel).__name__} took float64 inputs")
+        assert kernel.double().features(x).dtype == torch.float64

@@ -642,13 +642,20 @@ def test_restarts_leave_the_parameters_a_user_froze_alone(make):
 
 
 def test_a_step_to_non_finite_parameters_is_undone_not_kept():
-    """Adam at a huge learning rate: a finite loss with a NaN gradient steps to NaN parameters. The fit
-    stops there with the last finite parameters (it used to keep the NaN ones and then fail deep
+    """A finite loss with a NaN gradient (from the 5th evaluation on) steps Adam to NaN parameters. The
+    fit stops there with the last finite parameters (it used to keep the NaN ones and then fail deep
     inside the Cholesky)."""
     x, y = toy_data(n=100, dtype=torch.float32)
     model = FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0)).float()
+    calls = [0]
+
+    def nan_from_the_fifth(grad):
+        calls[0] += 1
+        return grad * float("nan") if calls[0] >= 5 else grad
+
+    model.covar_module.raw_outputscale.register_hook(nan_from_the_fifth)
     with pytest.warns(RuntimeWarning, match="last good parameters are kept"):
-        history = fit(model, x, y, optimizer="adam", lr=100, max_iter=30, restarts=0, progress=False)
+        history = fit(model, x, y, optimizer="adam", lr=0.1, max_iter=30, restarts=0, progress=False)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert all(np.isfinite(history.loss)) and torch.isfinite(model.predict(x[:5]).mean).all()
 

@@ -237,7 +237,11 @@ class FeatureKernel(Kernel):
         """The feature matrix Φ, (..., n, d) → (..., n, 2M)."""
         if x.shape[-1] != self.num_dims:
             raise ValueError(f"{type(self).__name__} was built for {self.num_dims} input dimensions, got {x.shape[-1]}")
-        return fourier_features(self.projection(x), self.feature_scale())
+        scale = self.feature_scale()
+        if x.dtype != scale.dtype:
+            raise ValueError(f"the inputs are {x.dtype} and the kernel {scale.dtype}: convert one "
+                             "(e.g. kernel.double() or x.to(torch.float32))")
+        return fourier_features(self.projection(x), scale)
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
