@@ -38,6 +38,7 @@ whose processes do not all arrive fails at start-up after ``timeout``.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from datetime import timedelta
@@ -47,7 +48,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._validation import check_nonnegative_int, check_positive_int
-from .streaming import ChunkedData
+from .streaming import ChunkedData, as_chunked_data
 from .training import FitHistory
 from .training import fit as _fit
 
@@ -175,8 +176,9 @@ def fit(
 ) -> FitHistory:
     """:func:`alacarte.fit` with the rows sharded over the processes of ``group``.
 
-    Each process passes its own rows (tensors, memory-mapped arrays or a
-    re-iterable of (x, y) chunks, streamed as in :func:`alacarte.fit`).  After
+    Each process passes its own rows (tensors, memory-mapped arrays, a
+    re-iterable of (x, y) chunks or a :class:`~alacarte.streaming.ChunkedData`,
+    streamed as in :func:`alacarte.fit`).  After
     :func:`check_identical_state`, statistics and gradients are summed over
     the processes, so every process takes the same steps and ends with the
     same parameters and posterior (over all rows).  Restarts initialise from
@@ -191,10 +193,15 @@ def fit(
     check_identical_state(model, group)
     problem = None
     try:
-        data = ChunkedData(
-            x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype,
-            group=group, distributed=True,
-        )
+        if isinstance(x, ChunkedData):  # as alacarte.fit takes it, summed over the group
+            data = copy.copy(as_chunked_data(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
+                                             statistics_dtype=statistics_dtype))
+            data.group, data.distributed = group, True
+        else:
+            data = ChunkedData(
+                x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype,
+                group=group, distributed=True,
+            )
     except ValueError as err:
         problem = err
     _agree_on_inputs(problem, group)

@@ -142,6 +142,11 @@ class ChunkedData:
                 )
             self._x, self._y = x, None
         else:
+            if isinstance(x, torch.utils.data.DataLoader) or (
+                isinstance(x, (list, tuple)) and x and isinstance(x[0], (tuple, list)) and len(x[0]) == 2
+                and all(_is_array(part) for part in x[0])
+            ):
+                raise ValueError("x holds (x, y) chunks, which carry the targets: pass y=None")
             if not _is_array(x):
                 x = as_tensor(x, "x")
             if not _is_array(y):
@@ -179,7 +184,8 @@ class ChunkedData:
         start = 0
         for index, item in enumerate(self._x):
             if not (isinstance(item, (tuple, list)) and len(item) == 2):
-                raise ValueError(f"each chunk must be an (x, y) pair, got {type(item).__name__}")
+                raise ValueError(f"each chunk must be an (x, y) pair, got {type(item).__name__} (y=None means x "
+                                 "holds (x, y) chunks; for x given as rows, pass y too)")
             x_c, y_c = item
             for name, part in (("x", x_c), ("y", y_c)):
                 if getattr(part, "ndim", 1) == 0 or not hasattr(part, "__len__"):

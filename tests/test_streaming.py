@@ -200,6 +200,12 @@ def test_streaming_refuses_bad_input(tmp_path):
         ChunkedData(x, y[:-1])
     with pytest.raises(ValueError, match=r"\(x, y\) pair"):
         streamed_negative_mll(model, ChunkedData([x, y]))
+    with pytest.raises(ValueError, match=r"\(x, y\) pair, got list .*for x given as rows, pass y too"):
+        alacarte.fit(model, x.tolist(), progress=False)  # y forgotten
+    for chunks in ([(x[:30], y[:30]), (x[30:], y[30:])], torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y), batch_size=16)):
+        with pytest.raises(ValueError, match="chunks, which carry the targets: pass y=None"):
+            ChunkedData(chunks, y)  # y given twice
     bad = x.numpy().copy()
     bad[33, 1] = np.nan
     np.save(tmp_path / "bad.npy", bad)
