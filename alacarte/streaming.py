@@ -363,7 +363,7 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     rank-k update, the adjoint once as a symmetric product) plus one D×D
     Cholesky; memory O(chunk·D + D²).  In data-parallel training the
     statistics are summed with one all-reduce and the parameter gradients with
-    another.
+    another; rank 0's parameters are broadcast before, its loss and gradient after.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     # Processes on other CPUs (or BLAS code paths) round differently: left alone, their optimisers
@@ -408,7 +408,8 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     gradients = [g_data if g_direct is None else g_data + g_direct for g_data, g_direct in zip(through_data, direct)]
     loss = loss.detach()
     if data.distributed:
-        flat = torch.cat([loss.reshape(1).to(stats_dtype)] + [g.reshape(-1).to(stats_dtype) for g in gradients])
+        # float64 carries float32 and float64 values alike, unrounded.
+        flat = torch.cat([loss.reshape(1).double()] + [g.reshape(-1).double() for g in gradients])
         data.broadcast_([flat])
         loss = flat[0].to(loss.dtype)
         gradients = [part.view_as(p).to(p.dtype) for part, p in zip(flat[1:].split([p.numel() for p in params]), params)]
