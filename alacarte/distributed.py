@@ -102,6 +102,14 @@ def _collective_device(group) -> torch.device:
     return torch.device("cpu")
 
 
+def _gather_int(value: int, group) -> list[int]:
+    """Every process's ``value``, by rank."""
+    device = _collective_device(group)
+    gathered = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, torch.tensor([int(value)], dtype=torch.int64, device=device), group=group)
+    return [int(g) for g in gathered]
+
+
 def check_identical_state(model, group=None, timeout: float | None = None) -> None:
     """Raise unless every process's model has the same random Fastfood state and parameters.
 
@@ -121,15 +129,13 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     seed = seed - 2**64 if seed >= 2**63 else seed  # seeds go up to 2⁶⁴ − 1; the tensor is int64
     mine = torch.tensor([seed, len(names)] + [_checksum(model.state_dict()[n]) for n in names],
                         dtype=torch.int64, device=device)
-    world = dist.get_world_size(group)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64, device=device), group=group)
-    if len({int(s) for s in sizes}) != 1:
+    sizes = _gather_int(mine.numel(), group)
+    if len(set(sizes)) != 1:
         raise ValueError(
             "the processes hold different models (different numbers of parameters and buffers: "
-            f"{[int(s) - 2 for s in sizes]}); build the same model on every process"
+            f"{[s - 2 for s in sizes]}); build the same model on every process"
         )
-    gathered = [torch.empty_like(mine) for _ in range(world)]
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
     reference = gathered[0].cpu()
     problems = []
@@ -151,11 +157,7 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
 def _agree_on_inputs(problem: ValueError | None, group) -> None:
     """Every process raises when any refused its rows (else the others would fail inside their first
     collective with a closed connection, or wait for the timeout)."""
-    device = _collective_device(group)
-    world = dist.get_world_size(group)
-    flags = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(flags, torch.tensor([problem is not None], dtype=torch.int64, device=device), group=group)
-    failed = [rank for rank, flag in enumerate(flags) if int(flag)]
+    failed = [rank for rank, flag in enumerate(_gather_int(problem is not None, group)) if flag]
     if problem is not None:
         raise ValueError(f"this process (rank {dist.get_rank(group)}) cannot train on its rows: {problem}") from problem
     if failed:

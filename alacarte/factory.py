@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch import Tensor
 
 from .kernels import (
     FastfoodRBFKernel,
@@ -23,7 +24,7 @@ from .kernels import (
 from ._validation import check_positive_int
 from .models import ExactRBFGP, FeatureGP
 
-__all__ = ["KERNEL_NAMES", "make_model", "default_dtype"]
+__all__ = ["KERNEL_NAMES", "make_model", "default_dtype", "floating_state"]
 
 #: Kernel names understood by :func:`make_model`, the estimator and the command line.
 KERNEL_NAMES = (
@@ -38,6 +39,11 @@ KERNEL_NAMES = (
     "exact-ard",
     "exact-rbf",
 )
+
+
+def floating_state(module: torch.nn.Module) -> Tensor:
+    """The first floating-point tensor of ``module``'s state: its dtype and device are the module's."""
+    return next(t for t in module.state_dict().values() if t.is_floating_point())
 
 
 @contextlib.contextmanager
@@ -122,7 +128,7 @@ def make_model(
         if kernel.num_dims != num_dims:
             raise ValueError(f"the kernel was built for {kernel.num_dims} input dimensions, the data have {num_dims}")
         # The likelihood and mean take the kernel's dtype and device, not the defaults.
-        reference = next(t for t in kernel.state_dict().values() if t.is_floating_point())
+        reference = floating_state(kernel)
         with default_dtype(reference.dtype):
             return FeatureGP(None, None, kernel).to(reference.device)
     if not isinstance(kernel, str):

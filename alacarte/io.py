@@ -42,7 +42,7 @@ import torch
 from gpytorch.constraints import Interval
 
 from ._files import read_checked, write_checked
-from .factory import default_dtype
+from .factory import default_dtype, floating_state
 from .kernels import FeatureKernel
 from .models import ExactRBFGP, FeatureGP
 from .regressor import AlaCarteRegressor
@@ -228,13 +228,9 @@ def _check_rebuilds(model: Model, record: dict[str, Any]) -> None:
 
 
 # -- estimators ------------------------------------------------------------------------
-def _floating_dtype(module: torch.nn.Module) -> torch.dtype:
-    return next(t.dtype for t in module.state_dict().values() if t.is_floating_point())
-
-
 def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
     _refuse_priors(kernel, "the estimator's kernel")
-    record = {"object": _kernel_record(kernel), "dtype": _dtype_name(_floating_dtype(kernel)),
+    record = {"object": _kernel_record(kernel), "dtype": _dtype_name(floating_state(kernel).dtype),
               "state_dict": _cpu(kernel.state_dict()), "frozen": _frozen(kernel)}
     try:
         rebuilt = _build_kernel_object(record)
