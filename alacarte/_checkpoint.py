@@ -33,7 +33,7 @@ FORMAT_VERSION = 1
 # Key entries that are fingerprints: a difference is said in words, not as two hashes.
 _FINGERPRINTED = {
     "model": "the model given to fit differs (parameters, buffers such as the random features, or frozen ones)",
-    "data": "the training data differ",
+    "data": "the training data differ (or their rows come in another order, as from a shuffling DataLoader)",
 }
 
 

@@ -90,8 +90,11 @@ class ChunkedData:
     * chunks — ``x`` a re-iterable of ``(x_c, y_c)`` pairs (a list, a
       ``torch.utils.data.DataLoader``) and ``y=None``; it is iterated twice per
       evaluation, so a one-shot generator is refused, and must yield the same
-      rows on every pass (a ``DataLoader`` with ``shuffle=True`` does not: its
-      loss would be a stochastic estimate and its gradient another one's).
+      rows on every pass, in any order and batching (``shuffle=True`` is fine;
+      ``drop_last=True`` with shuffling, random augmentation or a sampler with
+      replacement are not: the gradient would be another loss's). A second pass
+      of an evaluation that reads other rows than its first (another row count
+      or column sums) is a ``ValueError``.
       Chunks longer than the chunk size are split.
 
     Args:
@@ -128,6 +131,7 @@ class ChunkedData:
         if statistics_dtype is not None and statistics_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"statistics_dtype must be torch.float32 or torch.float64, got {statistics_dtype!r}")
         self.statistics_dtype = statistics_dtype
+        self.last_pass: _RowTally | None = None
         self.group = group
         self.distributed = distributed or group is not None
         if y is None:
@@ -195,10 +199,14 @@ class ChunkedData:
             start += len(x_c)
 
     def chunks(self, model) -> Iterator[tuple[Tensor, Tensor]]:
-        """(x_c, y_c) in original units, validated, in the model's dtype and device."""
+        """(x_c, y_c) in original units, validated, in the model's dtype and device.
+
+        A complete pass over a source of (x, y) chunks leaves its :class:`_RowTally`
+        in ``last_pass`` (arrays are read the same way every time: ``None``)."""
         rows = self.rows(model)
         dtype, device = model.input_offset.dtype, model.input_offset.device
         seen = 0
+        tally = _RowTally(model.num_dims, device) if self._y is None else None
         for x_src, y_src, offset in self._raw_chunks():
             for start in range(0, len(x_src), rows):
                 stop = min(start + rows, len(x_src))
@@ -206,9 +214,29 @@ class ChunkedData:
                 x_c = check_inputs(_read(x_src, start, stop, "x", dtype, device), f"x ({where})", model.num_dims)
                 y_c = check_targets(_read(y_src, start, stop, "y", dtype, device), x_c.shape[0], f"y ({where})")
                 seen += x_c.shape[0]
+                if tally is not None:
+                    tally.add(x_c, y_c)
                 yield x_c, y_c
         if seen == 0:
             raise ValueError("the data yielded no rows")
+        self.last_pass = tally
+
+    def other_rows_since(self, earlier: _RowTally | None) -> bool:
+        """Whether the last complete pass read other rows than the one that left ``earlier``."""
+        return earlier is not None and not earlier.matches(self.last_pass)
+
+    def check_same_rows(self, changed) -> None:
+        """Raise if ``changed`` — the number of processes whose second pass of an evaluation read
+        other rows than the first (summed by the caller's all-reduce, so that all raise or none)."""
+        count = int(changed)
+        if count:
+            where = f" on {count} process{'es' if count > 1 else ''}" if self.distributed else ""
+            raise ValueError(
+                f"the chunks yielded other rows on a second pass than on the first{where} (row count or column "
+                "sums differ): each evaluation reads the data twice and needs the same rows both times, in "
+                "any order — shuffling is fine, but not drop_last=True with shuffling, random augmentation "
+                "or sampling with replacement"
+            )
 
     def sample(self, model, num_rows: int = _INIT_ROWS) -> tuple[Tensor, Tensor]:
         """The first ``num_rows`` rows, in the model's internal (standardised) units."""
@@ -272,15 +300,43 @@ class ChunkedData:
         # Deviations are summed in units of the column's range, so that squares neither overflow nor underflow.
         spread = peaks[0] + peaks[1]
         unit = torch.where(spread > 0, spread, torch.ones_like(spread))
-        squares = torch.zeros_like(x_sum[:-1])
+        first_pass = self.last_pass
+        squares = torch.zeros_like(x_sum)  # the last entry counts processes whose second pass read other rows
         for x_c, y_c in self.chunks(model):
-            squares[:-1] += ((x_c.to(torch.float64) - mean[:-1]) / unit[:-1]).square().sum(0)
-            squares[-1] += ((y_c.to(torch.float64) - mean[-1]) / unit[-1]).square().sum()
+            squares[:-2] += ((x_c.to(torch.float64) - mean[:-1]) / unit[:-1]).square().sum(0)
+            squares[-2] += ((y_c.to(torch.float64) - mean[-1]) / unit[-1]).square().sum()
+        squares[-1] = float(self.other_rows_since(first_pass))
         self.all_reduce_(squares)
-        std = (squares / (n - 1)).sqrt() * unit
+        self.check_same_rows(squares[-1])
+        std = (squares[:-1] / (n - 1)).sqrt() * unit
         std = std.masked_fill(spread == 0, 0.0)
         dtype = model.input_offset.dtype
         return mean[:-1].to(dtype), std[:-1].to(dtype), mean[-1].to(dtype), std[-1].to(dtype)
+
+
+class _RowTally:
+    """Row count and float64 column sums (and sums of magnitudes) of [x, y] over one pass:
+    the same for the same rows in any order and batching, to round-off."""
+
+    # The same rows summed in another order agree to ~(number of additions)·ε·Σ|v|; 1e-10 leaves
+    # room for a million chunks and still sees a row changed by more than 1e-10 of its column's Σ|v|.
+    TOLERANCE = 1e-10
+
+    def __init__(self, num_dims: int, device):
+        self.rows = 0
+        self.sums = torch.zeros(2, num_dims + 1, dtype=torch.float64, device=device)
+
+    def add(self, x: Tensor, y: Tensor) -> None:
+        columns = torch.cat([x, y.unsqueeze(-1)], -1).to(torch.float64)
+        self.rows += columns.shape[0]
+        self.sums[0] += columns.sum(0)
+        self.sums[1] += columns.abs().sum(0)
+
+    def matches(self, other: _RowTally | None) -> bool:
+        if other is None or other.rows != self.rows:
+            return False
+        scale = torch.maximum(self.sums[1], other.sums[1])
+        return bool(((self.sums - other.sums).abs() <= self.TOLERANCE * scale).all())
 
 
 def _read(source, start: int, stop: int, name: str, dtype: torch.dtype, device) -> Tensor:
@@ -371,6 +427,7 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     # parameters, and rank 0's loss and gradient are everyone's.
     data.broadcast_([p.data for p in params])
     stats = streamed_statistics(model, data)
+    first_pass = data.last_pass
     mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
     if not backward:
         with torch.no_grad():
@@ -402,9 +459,15 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
         for total, g in zip(through_data, chunk_grads):
             if g is not None:
                 total += g
-    if data.distributed and params:
-        flat = data.all_reduce_(torch.cat([g.reshape(-1) for g in through_data]))
-        through_data = [chunk.view_as(p) for chunk, p in zip(flat.split([p.numel() for p in params]), params)]
+    changed = data.other_rows_since(first_pass)
+    if data.distributed:
+        # The verdict travels with the gradients, so that every process raises, or none.
+        flag = torch.tensor([float(changed)], dtype=stats_dtype, device=stats.gram.device)
+        flat = data.all_reduce_(torch.cat([g.reshape(-1).to(stats_dtype) for g in through_data] + [flag]))
+        changed = flat[-1]
+        through_data = [part.view_as(p).to(p.dtype)
+                        for part, p in zip(flat[:-1].split([p.numel() for p in params]), params)]
+    data.check_same_rows(changed)
     gradients = [g_data if g_direct is None else g_data + g_direct for g_data, g_direct in zip(through_data, direct)]
     loss = loss.detach()
     if data.distributed:

@@ -432,7 +432,8 @@ def fit(
     the fit has finished the file holds its result, and the call returns it at
     once.  A checkpoint of another fit (other settings, data, or a model with
     other parameters or random features) is refused with a ``ValueError``:
-    delete it to fit from the start.  In a distributed fit rank 0 reads and
+    delete it to fit from the start.  Chunks must come in the same order to
+    resume (a shuffling ``DataLoader`` cannot: its sums round otherwise).  In a distributed fit rank 0 reads and
     writes the file.
 
     Args:

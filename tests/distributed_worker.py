@@ -17,7 +17,7 @@ import alacarte.distributed as ad  # noqa: E402
 import alacarte.training as tr  # noqa: E402
 from alacarte._checkpoint import saved_progress  # noqa: E402
 from alacarte.streaming import ChunkedData, streamed_negative_mll  # noqa: E402
-from streaming_case import make_case  # noqa: E402
+from streaming_case import AugmentedChunks, make_case  # noqa: E402
 
 
 class Killed(Exception):
@@ -68,6 +68,9 @@ def main() -> None:
             raise SystemExit
         if scenario == "empty":  # rank 1 holds no rows
             ad.fit(model, x[rows] if rank == 0 else x[:0], y[rows] if rank == 0 else y[:0], progress=False)
+        if scenario == "augmented":  # rank 1's rows change between the two passes of an evaluation
+            source = AugmentedChunks(x[rows], y[rows], 1e-6 if rank == 1 else 0.0)
+            streamed_negative_mll(model.train(), ChunkedData(source, chunk_size=7, distributed=True))
         if scenario == "rounding" and rank == 1:  # as on a CPU whose BLAS rounds otherwise
             from alacarte.mll import WoodburyMarginalLogLikelihood
 

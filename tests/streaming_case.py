@@ -20,3 +20,15 @@ def make_case(n: int = 61, num_samples: int = 12, seed: int = 0):
         kernel.lengthscale = torch.tensor([1.5, 0.7, 2.0])
         kernel.outputscale = 1.3
     return x, y, model
+
+
+class AugmentedChunks:
+    """Two (x, y) chunks whose targets get fresh noise of ``scale`` on every pass, as random augmentation would."""
+
+    def __init__(self, x, y, scale: float):
+        self.x, self.y, self.scale, self.generator = x, y, scale, torch.Generator().manual_seed(0)
+
+    def __iter__(self):
+        noisy = self.y + self.scale * torch.randn(self.y.shape, generator=self.generator, dtype=self.y.dtype)
+        half = len(self.y) // 2
+        return iter([(self.x[:half], noisy[:half]), (self.x[half:], noisy[half:])])

@@ -135,6 +135,13 @@ def test_a_process_without_rows_makes_every_process_raise_a_value_error(tmp_path
     assert "(rank 1) cannot train on its rows: x is empty" in results[1].get("error", ""), results[1]
 
 
+def test_rows_that_change_between_passes_on_one_process_make_every_process_raise(tmp_path):
+    results, _ = _launch("augmented", tmp_path)
+    for r in (0, 1):
+        assert "ValueError: the chunks yielded other rows on a second pass than on the first on 1 process " in \
+            results[r].get("error", ""), results[r]
+
+
 @pytest.mark.slow
 def test_dead_peer_errors_within_the_timeout(tmp_path):
     results, seconds = _launch("dead", tmp_path, timeout=10, wall=90)

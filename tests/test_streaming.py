@@ -10,7 +10,7 @@ import alacarte
 from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, SpectralMixtureFastfoodKernel
 from alacarte.mll import WoodburyMarginalLogLikelihood
 from alacarte.streaming import ChunkedData, rows_per_chunk, streamed_negative_mll, streamed_statistics
-from streaming_case import make_case
+from streaming_case import AugmentedChunks, make_case
 
 
 def _in_memory_loss_and_grads(model, x, y):
@@ -83,6 +83,28 @@ def test_memmap_iterator_and_dataloader_inputs_equal_tensors(tmp_path):
     for data in (ChunkedData(x_map, y_map, chunk_size=13), ChunkedData(uneven, chunk_size=13),
                  ChunkedData(loader, memory_budget=2**20)):
         _assert_same(_streamed_loss_and_grads(model, data), reference, tol=1e-12)
+
+
+def test_a_shuffling_dataloader_gives_the_loss_and_gradient_of_the_rows_in_order():
+    x, y, model = make_case()
+    reference = _streamed_loss_and_grads(model, ChunkedData(x, y, chunk_size=13))
+    shuffled = DataLoader(TensorDataset(x, y), batch_size=11, shuffle=True, generator=torch.Generator().manual_seed(5))
+    _assert_same(_streamed_loss_and_grads(model, ChunkedData(shuffled)), reference, tol=1e-12)
+
+
+def test_a_second_pass_over_other_rows_is_refused():
+    """The gradient pass must see the rows the statistics pass saw; else the gradient is another loss's."""
+    x, y, model = make_case()
+    dropping = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, drop_last=True,
+                          generator=torch.Generator().manual_seed(5))  # 61 rows: 5 others dropped each pass
+    for source in (dropping, AugmentedChunks(x, y, 1e-6)):
+        with pytest.raises(ValueError, match="other rows on a second pass than on the first"):
+            _streamed_loss_and_grads(model, ChunkedData(source))
+        with pytest.raises(ValueError, match="other rows on a second pass than on the first"):
+            ChunkedData(source).moments(model)  # the two passes of the standardisation
+    # a loss without gradient reads the data once: nothing to compare
+    assert torch.isfinite(streamed_negative_mll(model, ChunkedData(dropping), backward=False))
+    assert _streamed_loss_and_grads(model, ChunkedData(AugmentedChunks(x, y, 0.0)))[0].isfinite()
 
 
 def test_chunks_never_exceed_the_chunk_size():
