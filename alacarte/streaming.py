@@ -367,16 +367,26 @@ def _check_model(model) -> None:
         )
 
 
-# n travels in the statistics' buffer as two floats, n = high·2²⁰ + low: exact in float64, and in
-# float32 while the summed low parts stay below 2²⁴ (always up to 16 processes).
-_N_SPLIT = 2**20
+# n travels in the statistics' buffer as three base-2¹² digits: each process's are below 2¹² (the
+# top one while it holds under 2⁴⁸ rows), so their sums over up to 4096 processes stay exact in float32.
+_N_DIGIT = 2**12
+_N_DIGITS = 3
+
+
+def _pack_rows(buffer: Tensor, rows: int) -> None:
+    """Write ``rows`` into the last entries of a statistics buffer (see :func:`_unpack`)."""
+    for place in range(1, _N_DIGITS):
+        rows, buffer[-place] = divmod(rows, _N_DIGIT)
+    buffer[-_N_DIGITS] = rows
 
 
 def _unpack(buffer: Tensor, num_features: int) -> SufficientStatistics:
-    """Views of a flat buffer [ΦᵀΦ, Φᵀr, rᵀr, n_high, n_low] as statistics."""
+    """Views of a flat buffer [ΦᵀΦ, Φᵀr, rᵀr, n's digits] as statistics."""
     d2 = num_features * num_features
     gram = buffer[:d2].view(num_features, num_features)
-    n = int(round(float(buffer[-2]))) * _N_SPLIT + int(round(float(buffer[-1])))
+    n = 0
+    for digit in buffer[-_N_DIGITS:].tolist():
+        n = n * _N_DIGIT + int(round(digit))
     return SufficientStatistics(gram, buffer[d2 : d2 + num_features], buffer[d2 + num_features], n)
 
 
@@ -391,7 +401,8 @@ def streamed_statistics(model, data: ChunkedData) -> SufficientStatistics:
     dtype = data.statistics_dtype or model.input_offset.dtype
     num_features = model.covar_module.num_features
     # One flat buffer, so that the processes exchange everything in one all-reduce.
-    buffer = torch.zeros(num_features * num_features + num_features + 3, dtype=dtype, device=model.input_offset.device)
+    size = num_features * num_features + num_features + 1 + _N_DIGITS
+    buffer = torch.zeros(size, dtype=dtype, device=model.input_offset.device)
     acc = _unpack(buffer, num_features)
     rows = 0
     for x_c, y_c in data.chunks(model):
@@ -401,7 +412,7 @@ def streamed_statistics(model, data: ChunkedData) -> SufficientStatistics:
         acc.phi_r += chunk.phi_r
         acc.r_r += chunk.r_r
         rows += chunk.n
-    buffer[-2], buffer[-1] = divmod(rows, _N_SPLIT)
+    _pack_rows(buffer, rows)
     data.all_reduce_(buffer)
     return _unpack(buffer, num_features)
 

@@ -107,6 +107,21 @@ def test_a_second_pass_over_other_rows_is_refused():
     assert _streamed_loss_and_grads(model, ChunkedData(AugmentedChunks(x, y, 0.0)))[0].isfinite()
 
 
+def test_the_row_count_survives_a_float32_sum_over_many_processes():
+    """n travels in the float32 all-reduce of the statistics; 64 processes of ~2²⁰ rows and one of
+    3·10⁹ must still sum to the exact count (two base-2²⁰ parts did not: the low ones passed 2²⁴)."""
+    from alacarte.streaming import _N_DIGITS, _pack_rows, _unpack
+
+    counts = [2**20 - 1 - k for k in range(64)] + [3 * 10**9, 1]
+    total = torch.zeros(4 + 2 + 1 + _N_DIGITS, dtype=torch.float32)
+    for rows in counts:
+        buffer = torch.zeros_like(total)
+        _pack_rows(buffer, rows)
+        assert _unpack(buffer, 2).n == rows
+        total += buffer
+    assert _unpack(total, 2).n == sum(counts)
+
+
 def test_chunks_never_exceed_the_chunk_size():
     x, y, model = make_case()
     seen = []
