@@ -95,6 +95,19 @@ def test_projection_is_batched_and_fixes_points_of_the_simplex():
                        torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("v, expected", [
+    ([1e17, 0.0], [1.0, 0.0]),  # the partial sums of v itself cancel the size away: [0, 0] before
+    ([1e308, 1e308], [0.5, 0.5]),  # ... or overflow
+    ([-1e300, -1e300, -1e300 - 1e285], [0.5, 0.5, 0.0]),
+])
+def test_projection_of_huge_entries_lies_on_the_simplex(v, expected):
+    for dtype in (torch.float64, torch.float32):
+        if dtype == torch.float32 and max(map(abs, v)) > 1e38:
+            continue
+        assert torch.equal(project_to_simplex(torch.tensor(v, dtype=dtype)), torch.tensor(expected, dtype=dtype))
+    assert torch.equal(project_to_simplex(torch.tensor([3e7, 1.0, -5.0])), torch.tensor([1.0, 0.0, 0.0]))
+
+
 @pytest.mark.parametrize("bad, message", [
     (torch.tensor([1.0, float("nan")]), "non-finite"),
     (torch.tensor([1, 2]), "floating"),
@@ -105,6 +118,12 @@ def test_projection_rejects_bad_input(bad, message):
         project_to_simplex(bad)
     with pytest.raises(ValueError, match="size"):
         project_to_simplex(torch.ones(3), -1.0)
+
+
+def test_projection_refuses_a_size_of_another_shape():
+    for size in (torch.ones(4), torch.ones(3, 4), torch.ones(2)):
+        with pytest.raises(ValueError, match=r"size must be a number or broadcast to v's leading shape \(3,\)"):
+            project_to_simplex(torch.ones(3, 4), size)
 
 
 # -- simplex-ARD kernels: the shared kernel tests, with ℓ = 1/γ -----------------------------

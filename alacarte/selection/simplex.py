@@ -41,7 +41,16 @@ def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
     size = torch.as_tensor(size, dtype=v.dtype, device=v.device)
     if not bool(torch.isfinite(size).all()) or not bool((size > 0).all()):
         raise ValueError(f"size must be positive and finite, got {size}")
-    size = size.expand(v.shape[:-1]).unsqueeze(-1)
+    try:
+        size = size.expand(v.shape[:-1]).unsqueeze(-1)
+    except RuntimeError:
+        raise ValueError(f"size must be a number or broadcast to v's leading shape {tuple(v.shape[:-1])}, "
+                         f"got shape {tuple(size.shape)}") from None
+    # The projection commutes with adding a constant to v. A row whose largest entry lies outside
+    # [0, size] is shifted to put it at the nearer end, so that the partial sums below stay of the
+    # size of the answer (v = [1e17, 0] gave [0, 0], not [1, 0]); other rows are left as they are.
+    top = v.amax(dim=-1, keepdim=True)
+    v = v - (top - torch.minimum(top.clamp_min(0), size))
     u = torch.sort(v, dim=-1, descending=True).values
     excess = torch.cumsum(u, dim=-1) - size  # Σ_{k≤j} u_k − c
     j = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype, device=v.device)
