@@ -4,6 +4,7 @@ Every check raises ``ValueError`` naming the argument and what is wrong with it.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -12,10 +13,29 @@ import torch
 from torch import Tensor
 
 
-def column_standardization(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def unfitted_on_failure(fit):
+    """Decorate an estimator's ``fit`` so that one which raises leaves the estimator unfitted.
+
+    Its fitted attributes (names ending in ``_``) are removed, so ``predict`` raises
+    ``NotFittedError``: half the old fit and half the new data's settings (say the new
+    standardisation with the old coefficients) would predict wrong numbers without an error."""
+
+    @functools.wraps(fit)
+    def fit_or_forget(self, *args, **kwargs):
+        try:
+            return fit(self, *args, **kwargs)
+        except BaseException:
+            for name in [name for name in vars(self) if name.endswith("_") and not name.startswith("__")]:
+                delattr(self, name)
+            raise
+
+    return fit_or_forget
+
+
+def column_standardization(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
     """Column means and scales for standardising ``X`` (n, d) as (X − mean)/scale.
 
-    A constant column (max = min) gets scale 1 and is only centred: its computed
+    A constant column (max = min) gets scale 1 and is only centred, to zeros: its computed
     standard deviation can be round-off rather than 0 (a column of 0.1s gives
     ~4e-17), and dividing by that would turn the round-off into an O(1) input.
     Scales are ``X.std(axis=0)``, or :func:`robust_std`'s where that over- or underflows."""
@@ -24,8 +44,10 @@ def column_standardization(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         scale = X.std(axis=0)
     if not bool(_exact_to_round_off(scale, np.abs(X - mean).max(axis=0), np.finfo(X.dtype)).all()):
         scale = robust_std(torch.from_numpy(X), 0, correction=0).numpy()
-    scale[np.ptp(X, axis=0) == 0] = 1.0
-    check_scales_finite(mean, scale, "X")
+    constant = np.ptp(X, axis=0) == 0
+    scale[constant] = 1.0
+    mean[constant] = X[0, constant]  # centred to exact zeros (a mean of 60 copies of 0.1 is not 0.1)
+    check_scales_finite(mean, scale, name)
     return mean, scale
 
 
@@ -95,6 +117,26 @@ def check_seed(value, name: str = "seed") -> int | None:
     if not _is_integer(value) or not 0 <= value < 2**64:
         raise ValueError(f"{name} must be None or an integer in [0, 2**64), got {value!r}")
     return int(value)
+
+
+def check_real(value, name: str, low: float = -math.inf, high: float = math.inf, *, include_low: bool = False,
+               include_high: bool = False, allow_none: bool = False) -> float | None:
+    """A finite real number (not a bool) between ``low`` and ``high`` (each end open unless included),
+    or ``None`` where allowed."""
+    if value is None and allow_none:
+        return None
+    if not (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+            and (low <= value if include_low else low < value) and (value <= high if include_high else value < high)):
+        interval = f"{'[' if include_low else '('}{low:g}, {high:g}{']' if include_high else ')'}"
+        raise ValueError(f"{name} must be a finite number in {interval}{' or None' if allow_none else ''}, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def check_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def check_positive_float(value, name: str) -> float:

@@ -11,7 +11,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import check_positive_int, check_seed, float64_targets
+from ._validation import check_positive_int, check_seed, float64_targets, unfitted_on_failure
 from .factory import KERNEL_NAMES, make_model
 from .kernels import FeatureKernel
 from .models import FeatureGP
@@ -137,6 +137,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
                            seed=seed)
         return model.double()
 
+    @unfitted_on_failure
     def fit(self, X, y) -> "AlaCarteRegressor":
         """Fit the GP's hyperparameters to (X, y) by maximising the marginal likelihood."""
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)

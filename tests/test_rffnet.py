@@ -111,7 +111,7 @@ def test_early_stopping_restores_the_best_epoch():
     assert model.best_epoch_ < model.n_epochs_ - 1
     assert history[-1] > history[model.best_epoch_]
     # re-evaluate the restored parameters on the held-out points: the best epoch's loss, not the last
-    idx = model._validation_indices
+    idx = model.validation_indices_
     z = (y[idx] - model.y_mean_) / model.y_scale_
     restored = np.mean(((model.predict(x[idx]) - model.y_mean_) / model.y_scale_ - z) ** 2)
     assert restored == pytest.approx(history[model.best_epoch_], rel=1e-12)

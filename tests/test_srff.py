@@ -1,5 +1,6 @@
 """SRFFRegressor: its pieces against independent truths, scikit-learn's conventions, selection."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -10,7 +11,9 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from alacarte import DerivativeSelector, RFFNetRegressor, SRFFRegressor
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+
+from alacarte import AlaCarteRegressor, DerivativeSelector, RFFNetClassifier, RFFNetRegressor, SRFFRegressor
 from alacarte.selection.srff import _GRID_RANGE, _median_neighbour_distance, _SRFFProblem, monotone_fista
 
 SMALL = dict(n_components=20, n_alphas=4, max_iter=5, fista_iter=5, random_state=0)
@@ -87,13 +90,16 @@ def test_selects_the_relevant_inputs_and_predicts():
     assert np.allclose(model.gamma_, model.relevance_ * model.simplex_size_)
     assert model.score(x[600:], y[600:]) > 0.9
     assert model.alpha_ in model.alphas_ and len(model.alphas_) == len(model.validation_mse_) <= 12
-    # Deterministic under random_state; the irrelevant inputs do not change predictions.
+    # Deterministic under random_state.
     again = SRFFRegressor(n_components=100, n_alphas=12, random_state=0).fit(x[:600], y[:600])
     assert np.array_equal(again.predict(x[600:]), model.predict(x[600:]))
+    # Run longer (at about the λ chosen), γ reaches exact zeros, and those inputs do not change predictions.
+    model = SRFFRegressor(n_components=100, alpha=0.02, max_iter=200, random_state=0).fit(x[:600], y[:600])
     dropped = np.setdiff1d(np.arange(8), model.selected_)
+    assert dropped.size > 0 and {1, 4}.isdisjoint(dropped) and (model.gamma_[dropped] == 0).all()
     shuffled = x[600:].copy()
     shuffled[:, dropped] = rng.standard_normal((300, dropped.size))
-    assert np.allclose(model.predict(shuffled), model.predict(x[600:]), rtol=0, atol=1e-12)
+    assert np.array_equal(model.predict(shuffled), model.predict(x[600:]))
 
 
 def test_a_path_stopped_early_reports_the_alphas_it_tried_with_their_scores():
@@ -184,3 +190,91 @@ def test_selection_estimators_take_float32_targets_and_refuse_strings(make):
     np.testing.assert_array_equal(make().fit(x, y32).predict(x[:5]), make().fit(x, y32.astype(np.float64)).predict(x[:5]))
     with pytest.raises(ValueError, match="y must be numeric"):
         make().fit(x, y.astype(str))
+
+
+def regression_data(n=200, d=6, seed=0):
+    """x (n, d) and y = sin(2x₀)·x₁ + noise, as numpy arrays."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d))
+    return x, np.sin(2 * x[:, 0]) * x[:, 1] + 0.1 * rng.standard_normal(n)
+
+
+def test_srff_and_rffnet_do_not_depend_on_the_targets_units():
+    """SRFF only centred y: with y in units 1000× larger, its first γ-step moved γ by ~1e-6, which
+    passed its stopping test, and the fit ended at the uniform start (relevance 1/6 each)."""
+    x, y = regression_data()
+    for make in (lambda: SRFFRegressor(**SMALL), lambda: RFFNetRegressor(max_epochs=5, random_state=0)):
+        reference = make().fit(x, y)
+        assert reference.relevance_.std() > 0.05  # it did select
+        for units in (1e-3, 1e10):
+            model = make().fit(x, y * units)
+            np.testing.assert_allclose(model.relevance_, reference.relevance_, rtol=1e-6, atol=1e-9)
+            np.testing.assert_allclose(model.predict(x[:20]), reference.predict(x[:20]) * units, rtol=1e-6)
+
+
+def test_a_constant_input_has_relevance_zero():
+    """A constant column is zeros once centred; RFFNet kept its λ at the start (relevance 0.37, selected)
+    and SRFF's γ put the simplex's spare weight on it (relevance 0.59, the largest)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((600, 6))
+    x[:, 3] = 0.1
+    y = np.sin(2 * x[:, 0]) + x[:, 1] ** 2 + 0.05 * rng.standard_normal(600)
+    for model in (SRFFRegressor(n_components=50, n_alphas=6, random_state=0),
+                  RFFNetRegressor(max_epochs=20, random_state=0)):
+        model.fit(x, y)
+        assert model.relevance_[3] == 0 and 3 not in model.selected_, type(model).__name__
+        assert {0, 1} <= set(model.selected_)
+    srff = SRFFRegressor(n_components=20, alpha=1.0, random_state=0).fit(x[:, [3]], y)  # no varying input at all
+    assert (srff.gamma_ == 0).all() and np.allclose(srff.predict(x[:3, [3]]), srff.predict(x[3:6, [3]]))
+
+
+@pytest.mark.parametrize("make, refit_error", [
+    (lambda: SRFFRegressor(**SMALL), dict(validation_fraction=0.001)),  # refused after the standardisation
+    (lambda: RFFNetRegressor(max_epochs=3, random_state=0), dict(learning_rate=True)),
+    (lambda: DerivativeSelector(tau=1e-3, max_iter=30), dict(max_memory_bytes=1)),
+    (lambda: AlaCarteRegressor(num_samples=16, max_iter=3, restarts=0, progress=False), None),
+])
+def test_a_failed_refit_leaves_the_estimator_unfitted(make, refit_error):
+    """A refit that raised used to leave the new data's standardisation with the old coefficients:
+    SRFF predicted [2.35, −0.35, …] for [0.92, 0.08, …], without an error."""
+    x, y = regression_data(n=80)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # DerivativeSelector's: not the point here
+        model = make().fit(x, y)
+    x_new, y_new = x[:, :4] * 10 + 3, y * 5 - 1
+    if refit_error is None:
+        y_new = np.full_like(y, 2.0)  # a constant target: nothing to learn
+    else:
+        model.set_params(**refit_error)
+    with pytest.raises(ValueError):
+        model.fit(x_new, y_new)
+    with pytest.raises(NotFittedError):
+        model.predict(x[:, :4])
+    assert not [name for name in vars(model) if name.endswith("_")]
+
+
+def test_targets_too_large_to_standardise_are_refused_by_name():
+    x, y = regression_data(n=60)
+    for model in (SRFFRegressor(**SMALL), RFFNetRegressor(max_epochs=2), DerivativeSelector(max_iter=5)):
+        with pytest.raises(ValueError, match="y is too large in magnitude to standardise"):
+            model.fit(x, 1e308 * np.sign(y))
+
+
+@pytest.mark.parametrize("model", [
+    SRFFRegressor(alpha=True), SRFFRegressor(tol=math.inf), SRFFRegressor(simplex_size=True),
+    RFFNetRegressor(learning_rate=True), RFFNetRegressor(validation_fraction=False),
+    RFFNetClassifier(alpha=np.True_), DerivativeSelector(tau=True), DerivativeSelector(refit="no"),
+    DerivativeSelector(warm_start=1),
+])
+def test_bools_are_no_numbers_and_numbers_no_bools(model):
+    x, y = regression_data(n=60)
+    with pytest.raises(ValueError, match="must be"):
+        model.fit(x, y > 0 if isinstance(model, RFFNetClassifier) else y)
+
+
+def test_derivative_selector_predicts_as_it_was_fitted():
+    """predict read self.refit: set_params(refit=True) after a refit=False fit predicted the mean."""
+    x, y = regression_data(n=60, d=3)
+    model = DerivativeSelector(tau=1e-3, max_iter=200, refit=False).fit(x, y)
+    before = model.predict(x)
+    assert np.array_equal(model.set_params(refit=True).predict(x), before) and not model.refit_

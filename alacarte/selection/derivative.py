@@ -70,7 +70,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._validation import column_standardization, float64_targets
+from .._validation import check_bool, check_real, column_standardization, float64_targets, unfitted_on_failure
 
 __all__ = ["DerivativeSelector"]
 
@@ -142,7 +142,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     ``derivative_norms_`` (√((1/n)Σᵢ(∂ⱼf(xᵢ))²) per input, the derivative per
     unit of standard deviation of that input), ``relevance_`` (those scaled to
     [0, 1]), ``selected_`` (indices), ``n_iter_``, ``converged_``, ``ridge_``
-    (the refit KernelRidge on the standardised selected inputs, or ``None``).
+    (the refit KernelRidge on the standardised selected inputs, or ``None``),
+    ``refit_`` (whether ``predict`` uses it), ``x_train_`` (the standardised training inputs).
 
     Example:
         >>> from alacarte.datasets import make_rosasco
@@ -182,20 +183,18 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
 
     def _check_params(self) -> None:
         for name in ("tau", "tol", "refit_alpha"):
-            v = getattr(self, name)
-            if not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"{name} must be a finite positive number, got {v!r}")
-        if not isinstance(self.mu, numbers.Real) or not math.isfinite(self.mu) or self.mu < 0:
-            raise ValueError(f"mu must be a finite non-negative number, got {self.mu!r}")
+            check_real(getattr(self, name), name, 0)
+        check_real(self.mu, "mu", 0, include_low=True)
         for name in ("gamma", "threshold", "refit_gamma"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0):
-                raise ValueError(f"{name} must be None or a finite positive number, got {v!r}")
+            check_real(getattr(self, name), name, 0, allow_none=True)
+        for name in ("refit", "warm_start"):
+            check_bool(getattr(self, name), name)
         for name in ("max_iter", "max_inner_iter", "max_memory_bytes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
+    @unfitted_on_failure
     def fit(self, X, y) -> "DerivativeSelector":
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
@@ -212,8 +211,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.x_mean_, self.x_scale_ = column_standardization(X)
         X = self._standardise(X)
         self.gamma_ = self.gamma if self.gamma is not None else 1.0 / d
-        self.y_mean_ = float(y.mean())
-        self._x_train = X
+        self.y_mean_ = float(column_standardization(y[:, None], "y")[0][0])
+        self.x_train_ = X
 
         x = torch.from_numpy(X)
         yc = torch.from_numpy(y - self.y_mean_)
@@ -276,7 +275,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         threshold = self.tau if self.threshold is None else self.threshold
         self.selected_ = np.flatnonzero(n * self.derivative_norms_**2 > threshold)
         self.ridge_ = None
-        if self.refit and len(self.selected_) > 0:
+        self.refit_ = bool(self.refit)  # what predict does: set_params(refit=...) alone must not change it
+        if self.refit_ and len(self.selected_) > 0:
             refit_gamma = self.gamma_ if self.refit_gamma is None else self.refit_gamma
             self.ridge_ = KernelRidge(alpha=self.refit_alpha, kernel="rbf", gamma=refit_gamma)
             self.ridge_.fit(X[:, self.selected_], y - self.y_mean_)
@@ -290,8 +290,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         """The penalised f itself (Alg1 without the refit), whatever ``refit`` says."""
         check_is_fitted(self, "dual_coef_")
         X = self._standardise(validate_data(self, X, reset=False, dtype=np.float64))
-        n = self._x_train.shape[0]
-        diff = X[:, None, :] - self._x_train[None, :, :]  # (m, n, d)
+        n = self.x_train_.shape[0]
+        diff = X[:, None, :] - self.x_train_[None, :, :]  # (m, n, d)
         k = np.exp(-self.gamma_ * np.square(diff).sum(-1))
         # f(x) = (1/n) Σₛ k(x, xₛ) [αₛ + 2γ Σⱼ βₛʲ (xʲ − xₛʲ)]
         weights = self.dual_coef_[None, :] + 2 * self.gamma_ * np.einsum("msj,sj->ms", diff, self.derivative_coef_)
@@ -299,7 +299,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
 
     def predict(self, X) -> np.ndarray:
         check_is_fitted(self, "dual_coef_")
-        if not self.refit:
+        if not self.refit_:
             return self.predict_penalized(X)
         X = self._standardise(validate_data(self, X, reset=False, dtype=np.float64))
         if self.ridge_ is None:  # nothing selected: the mean

@@ -36,12 +36,13 @@ import numbers
 
 import numpy as np
 import torch
+from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 from torch import Tensor
 
-from .._validation import column_standardization, float64_targets
+from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure
 
 __all__ = ["RFFNetRegressor", "RFFNetClassifier"]
 
@@ -187,19 +188,14 @@ class _RFFNetBase(BaseEstimator):
             positive_int(name)
         if self.n_random_features is not None:
             positive_int("n_random_features")
-        for name in ("alpha", "learning_rate"):
-            v = getattr(self, name)
-            if not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0 or (name == "learning_rate" and v == 0):
-                raise ValueError(f"{name} must be a finite {'positive' if name == 'learning_rate' else 'non-negative'} number, got {v!r}")
-        if not isinstance(self.validation_fraction, numbers.Real) or not 0 <= self.validation_fraction < 1:
-            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
-        if not isinstance(self.selection_threshold, numbers.Real) or not 0 <= self.selection_threshold < 1:
-            raise ValueError(f"selection_threshold must be in [0, 1), got {self.selection_threshold!r}")
+        check_real(self.alpha, "alpha", 0, include_low=True)
+        check_real(self.learning_rate, "learning_rate", 0)
+        check_real(self.validation_fraction, "validation_fraction", 0, 1, include_low=True)
+        check_real(self.selection_threshold, "selection_threshold", 0, 1, include_low=True)
 
     # ---------------------------------------------------------------- training
     def _fit_targets(self, X: np.ndarray, targets: np.ndarray):
         """Train on float targets (standardised regression targets or 0/1 labels)."""
-        self._check_params()
         n, d = X.shape
         n_val = int(math.ceil(self.validation_fraction * n)) if self.validation_fraction > 0 else 0
         if n - n_val < 1 or (n_val > 0 and n < 2):
@@ -215,7 +211,7 @@ class _RFFNetBase(BaseEstimator):
         y = torch.from_numpy(np.ascontiguousarray(targets, dtype=np.float64))
 
         order = torch.randperm(n, generator=gen)
-        self._validation_indices = order[:n_val].numpy()
+        self.validation_indices_ = order[:n_val].numpy()
         train_idx = order[n_val:]
         x_train, y_train = x[train_idx], y[train_idx]
         x_val, y_val = x[order[:n_val]], y[order[:n_val]]
@@ -224,7 +220,9 @@ class _RFFNetBase(BaseEstimator):
         s = self.n_random_features or default_num_features(n_train)
         omega = torch.randn(s, d, generator=gen, dtype=torch.float64)
         phase = torch.rand(s, generator=gen, dtype=torch.float64) * (2 * math.pi)
-        params = _RFFNetParameters(omega, phase, torch.full((d,), 1.0 / math.sqrt(d), dtype=torch.float64))
+        # A constant column is all zeros once centred: its λ_j gets no gradient and would keep its start.
+        start = np.where(np.ptp(X, axis=0) > 0, 1.0 / math.sqrt(d), 0.0)
+        params = _RFFNetParameters(omega, phase, torch.from_numpy(start))
         opt_beta = _Adam([params.beta, params.intercept], self.learning_rate)
         opt_relevance = _Adam([params.relevance], self.learning_rate)
 
@@ -256,7 +254,7 @@ class _RFFNetBase(BaseEstimator):
             raise ValueError("RFFNet training diverged (non-finite loss); lower learning_rate")
         params.restore(best_state)
 
-        self._params = params
+        self.network_ = params
         self.n_features_in_ = d
         self.n_random_features_ = s
         self.validation_loss_ = np.array(history)
@@ -272,10 +270,10 @@ class _RFFNetBase(BaseEstimator):
         return self
 
     def _decision(self, X) -> np.ndarray:
-        check_is_fitted(self, "_params")
+        check_is_fitted(self, "network_")
         X = validate_data(self, X, reset=False, dtype=np.float64)
         x = torch.from_numpy((X - self.x_mean_) / self.x_scale_)
-        return self._params.decision(x).numpy()
+        return self.network_.decision(x).numpy()
 
 
 class RFFNetRegressor(RegressorMixin, _RFFNetBase):
@@ -309,10 +307,12 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
         (3,)
     """
 
+    @unfitted_on_failure
     def fit(self, X, y) -> "RFFNetRegressor":
+        self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         y = float64_targets(y).reshape(-1)
-        y_mean, y_scale = column_standardization(y[:, None])  # a constant y is only centred
+        y_mean, y_scale = column_standardization(y[:, None], "y")  # a constant y is only centred
         self.y_mean_, self.y_scale_ = float(y_mean[0]), float(y_scale[0])
         return self._fit_targets(X, (y - self.y_mean_) / self.y_scale_)
 
@@ -338,7 +338,9 @@ class RFFNetClassifier(ClassifierMixin, _RFFNetBase):
 
     _loss_kind = "logistic"
 
+    @unfitted_on_failure
     def fit(self, X, y) -> "RFFNetClassifier":
+        self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64)
         check_classification_targets(y)
         self.classes_, encoded = np.unique(y, return_inverse=True)
@@ -353,7 +355,7 @@ class RFFNetClassifier(ClassifierMixin, _RFFNetBase):
         return self._decision(X)
 
     def predict_proba(self, X) -> np.ndarray:
-        p = 1.0 / (1.0 + np.exp(-self._decision(X)))
+        p = expit(self._decision(X))
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X) -> np.ndarray:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+from numbers import Integral
 
 import numpy as np
 import torch
@@ -11,7 +11,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
-from .._validation import column_standardization, float64_targets
+from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure
 from .simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
@@ -162,8 +162,11 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
     is flat, then dips, then rises as the features overfit; ``None`` fits the
     whole grid).
 
-    Inputs are standardised per column and the target centred before fitting
-    (so γ is in units of standardised inputs); predictions are in original units.
+    Inputs and the target are standardised before fitting (so γ is in units of
+    standardised inputs, and the fit does not depend on the target's units);
+    ``coef_`` and predictions are in original units.  A constant input column
+    gets γ_j = 0 (its features would not change with it) and ``c`` counts the
+    other columns.
 
     Args:
         n_components: number of random features ``D`` (paper: 300).
@@ -182,13 +185,14 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         random_state: seeds ε, b, the validation split and the neighbour queries.
 
     Attributes:
-        coef_: ridge weights ``a`` (D,).
+        coef_: ridge weights ``a`` (D,), in the target's units.
         intercept_: the target mean.
         gamma_: inverse lengthscales γ (d,), on the simplex ``c·Δ``.
         relevance_: γ / c, non-negative, summing to one (exact zeros: unused inputs).
         selected_: indices of the inputs with γ_j > 0.
         alpha_: the λ used; ``alphas_`` the λ tried (the grid up to where
-            ``path_patience`` stopped the walk) and ``validation_mse_`` their scores.
+            ``path_patience`` stopped the walk) and ``validation_mse_`` their scores
+            (in the target's units squared).
         simplex_size_: ``c``; ``n_iter_``: alternations of the final fit.
 
     Example:
@@ -238,18 +242,15 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("alpha", "simplex_size"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, Real) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
-        if not (isinstance(self.validation_fraction, Real) and 0 < self.validation_fraction < 1):
-            raise ValueError(f"validation_fraction must be in (0, 1), got {self.validation_fraction!r}")
+            check_real(getattr(self, name), name, 0, allow_none=True)
+        check_real(self.validation_fraction, "validation_fraction", 0, 1)
         patience = self.path_patience
         if patience is not None and (isinstance(patience, bool) or not isinstance(patience, Integral) or patience < 1):
             raise ValueError(f"path_patience must be a positive integer or None, got {patience!r}")
-        if not (isinstance(self.tol, Real) and self.tol >= 0):
-            raise ValueError(f"tol must be a non-negative number, got {self.tol!r}")
+        check_real(self.tol, "tol", 0, include_low=True)
 
     # -- fitting ------------------------------------------------------------------------
+    @unfitted_on_failure
     def fit(self, X, y):
         """Fit the model (and choose λ on a validation split when ``alpha`` is None)."""
         self._check_params()
@@ -260,14 +261,17 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         seeds = rng.randint(0, 2**31 - 1, size=3)
 
         self.x_mean_, self.x_scale_ = column_standardization(X)
-        self.intercept_ = float(y.mean())
-        xs = torch.tensor((X - self.x_mean_) / self.x_scale_)
-        ys = torch.tensor(y - self.intercept_)
+        y_mean, y_scale = column_standardization(y[:, None], "y")  # a constant y is only centred
+        self.intercept_, y_scale = float(y_mean[0]), float(y_scale[0])
+        # Constant columns are all zeros once centred: no gradient would ever move their γ_j off its start.
+        varying = np.flatnonzero(np.ptp(X, axis=0) > 0)
+        xs = torch.tensor((X - self.x_mean_) / self.x_scale_)[:, varying]
+        ys = torch.tensor((y - self.intercept_) / y_scale)
 
         draw = np.random.default_rng(seeds[0])
         self.random_weights_ = draw.standard_normal((self.n_components, d))
         self.random_offset_ = draw.uniform(0.0, 2 * np.pi, self.n_components)
-        eps, offset = torch.tensor(self.random_weights_), torch.tensor(self.random_offset_)
+        eps, offset = torch.tensor(self.random_weights_[:, varying]), torch.tensor(self.random_offset_)
 
         n_val = int(round(self.validation_fraction * n))
         choose = self.alpha is None and self.n_alphas > 1
@@ -285,8 +289,8 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         problem = _SRFFProblem(xs[train], ys[train], eps, offset)
 
         sigma = _median_neighbour_distance(problem.x, self.n_neighbors, np.random.default_rng(seeds[2]))
-        self.simplex_size_ = float(self.simplex_size) if self.simplex_size is not None else d / sigma
-        gamma0 = torch.full((d,), self.simplex_size_ / d, dtype=torch.float64)
+        self.simplex_size_ = float(self.simplex_size) if self.simplex_size is not None else max(len(varying), 1) / sigma
+        gamma0 = torch.full((len(varying),), self.simplex_size_ / max(len(varying), 1), dtype=torch.float64)
 
         if self.alpha is not None:
             self.alphas_ = np.array([float(self.alpha)])
@@ -312,16 +316,19 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
                     if self.path_patience is not None and since_best >= self.path_patience:
                         break
             _, gamma, coef, self.alpha_, self.n_iter_ = best
-            self.validation_mse_ = np.array(scores)
+            self.validation_mse_ = np.array(scores) * y_scale**2
             self.alphas_ = self.alphas_[: len(scores)]  # the λ walked: the path may stop early
-        self.gamma_ = gamma.numpy()
-        self.coef_ = coef.numpy()
+        self.gamma_ = np.zeros(d)
+        self.gamma_[varying] = gamma.numpy()
+        self.coef_ = coef.numpy() * y_scale
         self.relevance_ = self.gamma_ / self.simplex_size_
         self.selected_ = np.flatnonzero(self.gamma_ > 0)
         return self
 
     def _fit_one(self, problem: _SRFFProblem, gamma: Tensor, alpha: float) -> tuple[Tensor, Tensor, int]:
         """Alternate ridge and γ steps at one λ from ``gamma``; returns (γ, a, iterations)."""
+        if gamma.numel() == 0:  # every input constant: only the ridge weights to fit
+            return gamma, problem.ridge(gamma, alpha), 0
         step_size = 1.0
         previous = math.inf
         iters = 0
