@@ -43,7 +43,7 @@ def column_standardization(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, 
     with np.errstate(over="ignore", under="ignore"):  # handled below
         scale = X.std(axis=0)
     if not bool(_exact_to_round_off(scale, np.abs(X - mean).max(axis=0), np.finfo(X.dtype)).all()):
-        scale = robust_std(torch.from_numpy(X), 0, correction=0).numpy()
+        scale = robust_std(torch.from_numpy(np.ascontiguousarray(X)), 0, correction=0).numpy()
     constant = np.ptp(X, axis=0) == 0
     scale[constant] = 1.0
     mean[constant] = X[0, constant]  # centred to exact zeros (a mean of 60 copies of 0.1 is not 0.1)
@@ -166,7 +166,10 @@ def as_tensor(value, name: str, dtype: torch.dtype | None = None, device: torch.
     if isinstance(value, Tensor):
         tensor = value
     else:
-        tensor = torch.from_numpy(np.ascontiguousarray(_numeric_array(value, name)))
+        array = np.ascontiguousarray(_numeric_array(value, name))  # torch takes no negative strides
+        if not array.flags.writeable:  # a read-only memmap: torch wants memory it may write
+            array = array.copy()
+        tensor = torch.from_numpy(array)
     if tensor.is_complex():
         raise ValueError(f"{name} must be real, got a complex tensor")
     if dtype is None:

@@ -11,7 +11,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import check_positive_int, check_seed, float64_targets, unfitted_on_failure
+from ._validation import as_tensor, check_positive_int, check_seed, float64_targets, unfitted_on_failure
 from .factory import KERNEL_NAMES, make_model
 from .kernels import FeatureKernel
 from .models import FeatureGP
@@ -144,7 +144,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         y = float64_targets(y)
         seed = _as_seed(self.random_state)
         model = self._build_model(X.shape[1], seed)
-        x_t, y_t = torch.tensor(X, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+        x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
         self.history_: FitHistory = fit(
             model, x_t, y_t, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
             restart_iter=self.restart_iter, seed=seed, progress=self.progress,
@@ -162,7 +162,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
     def _test_inputs(self, X) -> torch.Tensor:
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=np.float64)
-        return torch.tensor(X, dtype=torch.float64)
+        return as_tensor(X, "X", torch.float64)
 
     def predict(self, X, return_std: bool = False, return_cov: bool = False, *, include_noise: bool = True):
         """Predictive mean at X, optionally with its standard deviation or covariance.

@@ -1,6 +1,7 @@
 """AlaCarteRegressor: scikit-learn's estimator checks, model selection, and its numbers
 against dense computations."""
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -196,3 +197,21 @@ def test_a_kernel_object_gives_a_model_of_its_dtype_that_fits(dtype):
     x = torch.randn(40, 3, dtype=dtype, generator=torch.Generator().manual_seed(0))
     ac.fit(model, x, x.sin().sum(1), max_iter=3, restarts=0, progress=False)
     assert model.predict(x).mean.dtype == dtype
+
+
+def test_reversed_and_read_only_arrays_are_inputs_like_any_other(tmp_path):
+    """X[:, ::-1] has negative strides, which torch.tensor refused (fit, predict, score, sample_y);
+    a read-only memmap made torch warn that the array is not writable."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((60, 3)), rng.standard_normal(60)
+    settings = dict(num_samples=16, max_iter=3, restarts=0, random_state=0, progress=False)
+    reference = AlaCarteRegressor(**settings).fit(x[:, ::-1].copy(), y[::-1].copy())
+    model = AlaCarteRegressor(**settings).fit(x[:, ::-1], y[::-1])
+    np.testing.assert_array_equal(model.predict(x[::-1]), reference.predict(x[::-1].copy()))
+    assert model.score(x[::-1], y[::-1]) == reference.score(x[::-1].copy(), y[::-1].copy())
+    assert model.sample_y(x[::-2], n_samples=2).shape == (30, 2)
+    np.save(tmp_path / "x.npy", x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        mean = model.model_.predict(np.load(tmp_path / "x.npy", mmap_mode="r")).mean
+    np.testing.assert_array_equal(mean.numpy(), model.predict(x))
