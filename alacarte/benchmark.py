@@ -331,14 +331,20 @@ def upgrade_csv(path: str | os.PathLike) -> None:
             if header == FIELDS:
                 return
             unknown = [name for name in header if name not in FIELDS]
-            if unknown:
-                raise ValueError(f"{path} has columns this runner does not know: {unknown}; expected {FIELDS}")
+            rows = list(reader)
+            if unknown or not header or any(None in row for row in rows):  # None: a row longer than the header
+                raise ValueError(
+                    f"{path} is not a results CSV of `alacarte bench run`"
+                    + (f": it has columns this runner does not know: {unknown}" if unknown else
+                       " (no header, or rows longer than it)")
+                    + f"; expected the columns {FIELDS}"
+                )
             staged = f"{path}.upgrade"
             with open(staged, "w", newline="") as out:
                 out.writelines(comments)
                 writer = csv.DictWriter(out, FIELDS)
                 writer.writeheader()
-                writer.writerows(reader)
+                writer.writerows(rows)
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(staged, path)
@@ -377,6 +383,11 @@ def run(args: argparse.Namespace) -> int:
     datasets = list(dict.fromkeys(canonical_name(ds) for ds in args.datasets))  # each cell once
     _check_settings(args)
     check_device(args.device)
+    if args.data is not None and not os.path.isdir(args.data):
+        raise ValueError(f"--data {args.data}: no such folder")
+    folder = os.path.dirname(os.path.abspath(args.csv))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--csv {args.csv}: its folder {folder} does not exist")
     upgrade_csv(args.csv)
     done, other = set(), []
     for r in _finished_rows(args.csv):

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._validation import check_positive_int
+from ._validation import check_positive_int, check_seed
 from .datasets import make_se1
 from .factory import KERNEL_NAMES
 from .kernels import FeatureKernel, FSARDKernel
@@ -55,6 +55,7 @@ def _nlpd(pred, y: torch.Tensor) -> float:
 def _demo(args: argparse.Namespace) -> int:
     check_positive_int(args.n, "--n")
     check_positive_int(args.n_test, "--n-test")
+    check_seed(args.seed, "--seed")
     torch.set_default_dtype(torch.float64)
     x, y, _ = make_se1(args.n + args.n_test, seed=args.seed)
     x, y = torch.as_tensor(x), torch.as_tensor(y)
@@ -95,11 +96,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_table(path: str | Path) -> tuple[list[str], np.ndarray]:
+def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[list[str], np.ndarray]:
     """Column names and an (n, k) float64 array from a CSV file with a header row.
 
     Every cell must be a finite number; the first offending cell is named in
-    the ``ValueError`` (line and column).
+    the ``ValueError`` (line and column).  With ``columns``, only those are read,
+    in that order (the array is (n, len(columns))), and the others may hold anything.
     """
     path = Path(path)
     try:
@@ -115,22 +117,26 @@ def read_table(path: str | Path) -> tuple[list[str], np.ndarray]:
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated or "" in names:
         raise ValueError(f"{path}: column names must be unique and non-empty, got {names}")
+    missing = [c for c in columns or [] if c not in names]
+    if missing:
+        raise ValueError(f"{path} lacks the input column(s) {', '.join(map(repr, missing))} (the model's: {columns})")
+    wanted = names if columns is None else columns
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "input contained no data": reported below
             # comments=None: numpy's default '#' would silently drop or cut rows.
             values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64, quotechar='"',
-                                encoding="utf-8-sig", comments=None)
+                                encoding="utf-8-sig", comments=None, usecols=[names.index(c) for c in wanted])
     except ValueError:
         values = None  # locate the offending cell for the message below
     if values is not None and values.size == 0:
         raise ValueError(f"{path} has a header but no data rows")
-    if values is None or values.shape[1:] != (len(names),) or not np.isfinite(values).all():
-        _raise_first_bad_cell(path, names)
+    if values is None or values.shape[1:] != (len(wanted),) or not np.isfinite(values).all():
+        _raise_first_bad_cell(path, names, wanted)
     return names, values
 
 
-def _raise_first_bad_cell(path: Path, names: list[str]) -> None:
+def _raise_first_bad_cell(path: Path, names: list[str], wanted: list[str]) -> None:
     with path.open(newline="", encoding="utf-8-sig") as fh:
         rows = csv.reader(fh)
         next(rows)
@@ -141,6 +147,8 @@ def _raise_first_bad_cell(path: Path, names: list[str]) -> None:
             if len(row) != len(names):
                 raise ValueError(f"{path} line {line}: {len(row)} fields, but the header has {len(names)}")
             for name, cell in zip(names, row):
+                if name not in wanted:
+                    continue
                 text = cell.strip()
                 where = f"{path} line {line}, column {name!r}"
                 if not text:
@@ -204,17 +212,15 @@ def _load_regressor(path: str):
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
     if not isinstance(reg, AlaCarteRegressor) or not hasattr(reg, "model_") or "columns" not in metadata:
-        raise ValueError(f"{path} is not a model written by `alacarte fit`")
+        raise ValueError(f"{path} is not a model written by `alacarte fit` (from Python, save a fitted "
+                         "AlaCarteRegressor with save_model(regressor, path, metadata={'columns': [its input names], "
+                         "'target': name}))")
     return reg, metadata
 
 
 def _predict(args: argparse.Namespace) -> int:
     reg, metadata = _load_regressor(args.model)
-    names, table = read_table(args.data)
-    missing = [c for c in metadata["columns"] if c not in names]
-    if missing:
-        raise ValueError(f"{args.data} lacks the input column(s) {', '.join(map(repr, missing))} the model was fitted on")
-    x = table[:, [names.index(c) for c in metadata["columns"]]]
+    _, x = read_table(args.data, metadata["columns"])
     means, stds = [], []
     for start in tqdm(range(0, len(x), _PREDICT_BLOCK), disable=args.quiet, desc="predict", leave=False):
         mean, std = reg.predict(x[start:start + _PREDICT_BLOCK], return_std=True, include_noise=not args.latent)
@@ -240,7 +246,7 @@ def _plot(args: argparse.Namespace) -> int:
     if not isinstance(kernel, FeatureKernel):
         raise ValueError(f"{args.model} is an exact GP ({reg.kernel}): it has no learned spectrum to draw")
     out = Path(args.out) if args.out else Path(args.model).with_suffix(".png")
-    title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata['target']}"
+    title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata.get('target', 'y')}"
     save_kernel_figure(kernel, out, title=title, names=metadata["columns"])
     _emit(args, {"figure": str(out)}, f"saved {out}")
     return 0

@@ -133,6 +133,46 @@ def test_plot_of_an_exact_gp_is_a_clear_error(tmp_path, capsys):
     assert "exact GP (exact-rbf): it has no learned spectrum" in capsys.readouterr().err
 
 
+def test_predict_reads_only_the_models_columns(fitted, tmp_path, capsys):
+    """Other columns are ignored, whatever they hold (an id or a name column used to stop predict)."""
+    _, model, new, _, _ = fitted
+    assert main(["predict", model, new, "-q"]) == 0
+    expected = capsys.readouterr().out
+    names, *rows = [line.split(",") for line in open(new).read().splitlines()]
+    with_text = tmp_path / "with_text.csv"
+    with_text.write_text("\n".join(",".join(["name", *names]) if i == 0 else ",".join([f"row {i}", *row])
+                                    for i, row in enumerate([names, *rows])) + "\n")
+    assert main(["predict", model, str(with_text), "-q"]) == 0
+    assert capsys.readouterr().out == expected
+    rows[1][2] = "oops"  # column a of line 3
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(",".join(row) for row in [names, *rows]) + "\n")
+    assert main(["predict", model, str(bad), "-q"]) == 2
+    assert "line 3, column 'a': 'oops' is not a number" in capsys.readouterr().err
+
+
+def test_a_regressor_saved_from_python_with_its_columns_predicts(fitted, tmp_path, capsys):
+    from alacarte import AlaCarteRegressor
+    from alacarte.io import save_model
+
+    _, _, new, x_new, _ = fitted
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, size=(40, 3))
+    y = np.sin(x[:, 0]) + 0.1 * rng.normal(size=40)
+    reg = AlaCarteRegressor("fsard", num_samples=8, max_iter=2, restarts=0, progress=False).fit(x, y)
+    save_model(reg, tmp_path / "bare.alacarte")
+    assert main(["predict", str(tmp_path / "bare.alacarte"), new]) == 2
+    assert "metadata={'columns'" in capsys.readouterr().err
+    save_model(reg, tmp_path / "named.alacarte", metadata={"columns": ["a", "b", "c"]})
+    assert main(["predict", str(tmp_path / "named.alacarte"), new, "--json", "-q"]) == 0
+    assert np.allclose(json.loads(capsys.readouterr().out)["mean"], reg.predict(x_new), rtol=1e-12, atol=1e-12)
+
+
+def test_demo_names_a_bad_seed(capsys):
+    assert main(["demo", "--seed", "-1", "-q"]) == 2
+    assert "--seed must be None or an integer in [0, 2**64), got -1" in capsys.readouterr().err
+
+
 def test_bad_model_and_missing_columns_fail_with_one_line(fitted, tmp_path, capsys):
     _, model, _, _, _ = fitted
     no_b = write_csv(tmp_path / "no_b.csv", ["a", "c"], [[1, 2]])

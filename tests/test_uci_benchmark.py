@@ -142,6 +142,20 @@ def test_alacarte_bench_command(tmp_path, capsys):
     assert "0.13 ± 0.08" in text and set(FIELDS) >= {"status", "model"}
     assert main(["bench", "run", "--datasets", "yacht", "--methods", "nope", "--csv", str(path)]) == 2
     assert "unknown method" in capsys.readouterr().err
+    # Refused before any cell runs, creating nothing: a missing data folder (was one failure per cell)
+    # and a results file in a missing folder (was created, parents and all).
+    quick = ["--methods", "gm", "--num-samples", "8", "--max-iter", "1", "--restarts", "0", "-q", "--limit", "1"]
+    assert main(["bench", "run", "--datasets", "yacht", "--data", str(tmp_path / "nope"), "--csv", str(path),
+                 *quick]) == 2
+    assert "--data" in capsys.readouterr().err and "no such folder" not in (tmp_path / "r.md").read_text()
+    assert main(["bench", "run", "--datasets", "yacht", "--csv", str(tmp_path / "new" / "x.csv"), *quick]) == 2
+    assert "its folder" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    # The report given where the results CSV goes (an easy slip): refused, the file untouched, nothing left beside it.
+    report = tmp_path / "r.md"
+    before = report.read_bytes()
+    assert main(["bench", "run", "--datasets", "yacht", "--csv", str(report), *quick]) == 2
+    assert "is not a results CSV of `alacarte bench run`" in capsys.readouterr().err
+    assert report.read_bytes() == before and not (tmp_path / "r.md.upgrade").exists()
 
 
 def test_rows_name_the_commit_that_produced_them(monkeypatch):
