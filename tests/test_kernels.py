@@ -1,6 +1,7 @@
 """Every feature kernel inherits the shared test case in kernel_cases.py."""
 import unittest
 
+import pytest
 import torch
 
 from alacarte import (
@@ -148,3 +149,15 @@ def test_inputs_of_another_dtype_than_the_kernel_are_a_clear_error():
         else:
             raise AssertionError(f"{type(kernel).__name__} took float64 inputs")
         assert kernel.double().features(x).dtype == torch.float64
+
+
+def test_inputs_whose_batch_does_not_broadcast_with_the_kernels_are_a_clear_error():
+    """(3, 10, 3) inputs to a kernel of batch_shape (2,) failed inside a projection with a RuntimeError."""
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    for kernel in (SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0, batch_shape=torch.Size([2])),
+                   FastfoodRBFKernel(3, 8, seed=0, batch_shape=torch.Size([2]))):
+        with pytest.raises(ValueError, match=r"inputs of batch shape \(3,\) do not broadcast with the kernel's "
+                                             r"batch_shape \(2,\)"):
+            kernel(torch.randn(3, 10, 3)).to_dense()
+        assert kernel(torch.randn(1, 10, 3)).to_dense().shape == (2, 10, 10)

@@ -367,3 +367,13 @@ def test_simplex_step_survives_a_failing_objective_and_leaves_a_frozen_pi_alone(
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, torch.sin(x[:, 0]), max_iter=3, restarts=0, progress=False)
     assert torch.equal(kernel.simplex_weights.detach(), before)
+
+
+def test_selected_leaves_out_weights_at_round_off():
+    """A float32 fit's projections leave ~6e-9 where float64 leaves 0: by default those are not in use."""
+    kernel = ac.FSARDKernel(3, 8, ard_num_dims=3, simplex=True, seed=0)
+    kernel.simplex_weights.data = torch.tensor([[0.7, 6e-9, 0.3 - 6e-9]])
+    assert kernel.selected().tolist() == [0, 2]
+    assert kernel.selected(0.0).tolist() == [0, 1, 2]
+    kernel.double().simplex_weights.data = torch.tensor([[0.7, 1e-12, 0.3 - 1e-12]], dtype=torch.float64)
+    assert kernel.selected().tolist() == [0, 1, 2]  # 1e-12 is no round-off in float64 (d·ε = 6.7e-16)
