@@ -39,12 +39,13 @@ def column_standardization(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, 
     standard deviation can be round-off rather than 0 (a column of 0.1s gives
     ~4e-17), and dividing by that would turn the round-off into an O(1) input.
     Scales are ``X.std(axis=0)``, or :func:`robust_std`'s where that over- or underflows."""
-    mean = X.mean(axis=0)
-    with np.errstate(over="ignore", under="ignore"):  # handled below
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # handled below
+        mean = X.mean(axis=0)
         scale = X.std(axis=0)
-    if not bool(_exact_to_round_off(scale, np.abs(X - mean).max(axis=0), np.finfo(X.dtype)).all()):
+        peak = np.abs(X - mean).max(axis=0)
+        constant = np.ptp(X, axis=0) == 0
+    if not bool(_exact_to_round_off(scale, peak, np.finfo(X.dtype)).all()):
         scale = robust_std(torch.from_numpy(np.ascontiguousarray(X)), 0, correction=0).numpy()
-    constant = np.ptp(X, axis=0) == 0
     scale[constant] = 1.0
     mean[constant] = X[0, constant]  # centred to exact zeros (a mean of 60 copies of 0.1 is not 0.1)
     check_scales_finite(mean, scale, name)

@@ -264,7 +264,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.n_iter_, self.n_inner_iter_, self.converged_ = it, inner_total, converged
         if not converged:
             warnings.warn(f"DerivativeSelector did not converge in max_iter={self.max_iter} iterations "
-                          f"(tol={self.tol}); raise max_iter or tol", ConvergenceWarning, stacklevel=2)
+                          f"(tol={self.tol}); raise max_iter or tol", ConvergenceWarning,
+                          stacklevel=3)  # the caller of fit (under unfitted_on_failure's frame)
         # D̂ⱼ f = Zⱼᵀα + Lⱼβ: the partial derivatives at the training points, computed afresh rather than
         # taken from the carried values, so that what is reported holds no round-off carried over the iterations
         grads = (Z.T @ alpha + L @ beta).reshape(d, n)
