@@ -556,7 +556,7 @@ def fit(
             RuntimeWarning,
             stacklevel=2,
         )
-    if not streamed and isinstance(model, FeatureGP):
+    if isinstance(model, FeatureGP):
         _warn_if_float32_loss_is_off(model, x, y)
     model.eval()
     _warn_if_noise_at_lower_bound(model, None if streamed else x)
@@ -570,34 +570,48 @@ def fit(
 _FLOAT32_LOSS_TOLERANCE = 0.01
 
 
-def _warn_if_float32_loss_is_off(model: FeatureGP, x: torch.Tensor, y: torch.Tensor) -> None:
+def _warn_if_float32_loss_is_off(model: FeatureGP, x: torch.Tensor | ChunkedData, y: torch.Tensor | None) -> None:
     """Warn when a model fitted in less than float64 has, at its fitted hyperparameters, a loss
     that float64 arithmetic puts more than :data:`_FLOAT32_LOSS_TOLERANCE` per point away.
 
     Then ΦᵀΦ + σ²I was too ill-conditioned for the dtype (small σ², jitter added), and the
     optimiser may have followed round-off to a point that is no optimum at all (energy, PWL:
-    test RMSE 2.26 in float32, 0.44 in float64).  Costs one float64 evaluation."""
-    if x.dtype == torch.float64:
+    test RMSE 2.26 in float32, 0.44 in float64).  Costs one float64 evaluation (streamed: two
+    passes, the second with float64 statistics of the same features)."""
+    streamed = isinstance(x, ChunkedData)
+    dtype = (x.statistics_dtype or model.input_offset.dtype) if streamed else x.dtype
+    if dtype == torch.float64:
         return
-    wide = copy.deepcopy(model).double()
-    wide.set_train_data(x.double(), y.double(), strict=False)
+    if streamed:
+        wide_data = copy.copy(x)
+        wide_data.statistics_dtype = torch.float64
 
-    def loss_of(gp, inputs, targets) -> float:  # a diagnosis, not one of the fit's evaluations
-        gp.train()
-        with torch.no_grad(), gp.inference_settings():
-            return float(-marginal_log_likelihood(gp)(gp(inputs), targets))
+        def losses() -> tuple[float, float]:
+            return (float(streamed_negative_mll(model, x, backward=False)),
+                    float(streamed_negative_mll(model, wide_data, backward=False)))
+        remedy = "model.double(), or keep float32 features with statistics_dtype=torch.float64"
+    else:
+        wide = copy.deepcopy(model).double()
+        wide.set_train_data(x.double(), y.double(), strict=False)
 
+        def loss_of(gp, inputs, targets) -> float:
+            gp.train()
+            with torch.no_grad(), gp.inference_settings():
+                return float(-marginal_log_likelihood(gp)(gp(inputs), targets))
+
+        def losses() -> tuple[float, float]:  # a diagnosis, not one of the fit's evaluations
+            return loss_of(model, x, y), loss_of(wide, x.double(), y.double())
+        remedy = "model.double()"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fit has said what jitter its factorisations needed
-        loss = loss_of(model, x, y)
-        wide_loss = loss_of(wide, x.double(), y.double())
+        loss, wide_loss = losses()
     if not abs(loss - wide_loss) <= _FLOAT32_LOSS_TOLERANCE:
+        name = str(dtype).removeprefix("torch.")
         warnings.warn(
-            f"the {str(x.dtype).removeprefix('torch.')} loss at the fitted hyperparameters is {loss:.4f} per point, "
-            f"but {wide_loss:.4f} in float64 arithmetic: ΦᵀΦ + σ²I is too ill-conditioned for "
-            f"{str(x.dtype).removeprefix('torch.')} at σ² = {float(model.likelihood.noise.detach().min()):.2g}, "
-            "and the optimiser may have followed its round-off away from any optimum. Fit in float64: "
-            "model.double().",
+            f"the {name} loss at the fitted hyperparameters is {loss:.4f} per point, but {wide_loss:.4f} in "
+            f"float64 arithmetic: ΦᵀΦ + σ²I is too ill-conditioned for {name} at "
+            f"σ² = {float(model.likelihood.noise.detach().min()):.2g}, and the optimiser may have followed its "
+            f"round-off away from any optimum. Fit in float64: {remedy}.",
             RuntimeWarning,
             stacklevel=3,
         )
