@@ -126,17 +126,23 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[list
             warnings.simplefilter("ignore", UserWarning)  # "input contained no data": reported below
             # comments=None: numpy's default '#' would silently drop or cut rows.
             values = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64, quotechar='"',
-                                encoding="utf-8-sig", comments=None, usecols=[names.index(c) for c in wanted])
+                                encoding="utf-8-sig", comments=None,
+                                usecols=None if columns is None else [names.index(c) for c in wanted])
     except ValueError:
         values = None  # locate the offending cell for the message below
     if values is not None and values.size == 0:
         raise ValueError(f"{path} has a header but no data rows")
-    if values is None or values.shape[1:] != (len(wanted),) or not np.isfinite(values).all():
+    parsed = values is not None and values.shape[1:] == (len(wanted),) and bool(np.isfinite(values).all())
+    # usecols reads rows with fields missing or extra (beyond the columns used) without a word
+    if not parsed or columns is not None:
         _raise_first_bad_cell(path, names, wanted)
+    if not parsed:
+        raise ValueError(f"{path} cannot be parsed as a numeric CSV file")
     return names, values
 
 
 def _raise_first_bad_cell(path: Path, names: list[str], wanted: list[str]) -> None:
+    """Raise on the first row with another number of fields than the header, or bad cell of ``wanted``."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
         rows = csv.reader(fh)
         next(rows)
@@ -161,7 +167,6 @@ def _raise_first_bad_cell(path: Path, names: list[str], wanted: list[str]) -> No
                     raise ValueError(f"{where}: {text!r} is not a number") from None
                 if not math.isfinite(number):
                     raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
-    raise ValueError(f"{path} cannot be parsed as a numeric CSV file")
 
 
 def _emit(args: argparse.Namespace, result: dict, text: str) -> None:
@@ -215,6 +220,11 @@ def _load_regressor(path: str):
         raise ValueError(f"{path} is not a model written by `alacarte fit` (from Python, save a fitted "
                          "AlaCarteRegressor with save_model(regressor, path, metadata={'columns': [its input names], "
                          "'target': name}))")
+    columns = metadata["columns"]
+    if not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)
+            and len(columns) == reg.n_features_in_):
+        raise ValueError(f"{path}: its metadata 'columns' must be a list of the model's {reg.n_features_in_} "
+                         f"input names, got {columns!r}")
     return reg, metadata
 
 

@@ -336,7 +336,9 @@ class _RowTally:
         if other is None or other.rows != self.rows:
             return False
         scale = torch.maximum(self.sums[1], other.sums[1])
-        return bool(((self.sums - other.sums).abs() <= self.TOLERANCE * scale).all())
+        # equal sums match also where they overflowed (inf, or NaN from +inf and −inf)
+        same = (self.sums == other.sums) | (self.sums.isnan() & other.sums.isnan())
+        return bool((same | ((self.sums - other.sums).abs() <= self.TOLERANCE * scale)).all())
 
 
 def _read(source, start: int, stop: int, name: str, dtype: torch.dtype, device) -> Tensor:
@@ -368,7 +370,7 @@ def _check_model(model) -> None:
 
 
 # n travels in the statistics' buffer as three base-2¹² digits: each process's are below 2¹² (the
-# top one while it holds under 2⁴⁸ rows), so their sums over up to 4096 processes stay exact in float32.
+# top one while it holds under 2³⁶ rows), so their sums over up to 4096 processes stay exact in float32.
 _N_DIGIT = 2**12
 _N_DIGITS = 3
 
@@ -473,8 +475,9 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     changed = data.other_rows_since(first_pass)
     if data.distributed:
         # The verdict travels with the gradients, so that every process raises, or none.
-        flag = torch.tensor([float(changed)], dtype=stats_dtype, device=stats.gram.device)
-        flat = data.all_reduce_(torch.cat([g.reshape(-1).to(stats_dtype) for g in through_data] + [flag]))
+        # Summed in float64: neither the statistics' nor the parameters' dtype rounds the other's.
+        flag = torch.tensor([float(changed)], dtype=torch.float64, device=stats.gram.device)
+        flat = data.all_reduce_(torch.cat([g.reshape(-1).double() for g in through_data] + [flag]))
         changed = flat[-1]
         through_data = [part.view_as(p).to(p.dtype)
                         for part, p in zip(flat[:-1].split([p.numel() for p in params]), params)]

@@ -149,6 +149,18 @@ def test_predict_reads_only_the_models_columns(fitted, tmp_path, capsys):
     bad.write_text("\n".join(",".join(row) for row in [names, *rows]) + "\n")
     assert main(["predict", model, str(bad), "-q"]) == 2
     assert "line 3, column 'a': 'oops' is not a number" in capsys.readouterr().err
+    rows[1][2] = rows[1][2].replace("oops", "1") + ",7"  # a field too many, past the columns used
+    bad.write_text("\n".join(",".join(row) for row in [names, *rows]) + "\n")
+    assert main(["predict", model, str(bad), "-q"]) == 2
+    assert "line 3: 5 fields, but the header has 4" in capsys.readouterr().err
+
+
+def test_fit_refuses_a_row_with_a_field_too_many(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv", ["a", "y"], [[0, 1], [1, 2], [2, 1.5], [3, 0.5]])
+    with open(data, "a") as fh:
+        fh.write("7,4,1\n")
+    assert main(["fit", data, "--target", "y", *SMALL]) == 2
+    assert "line 6: 3 fields, but the header has 2" in capsys.readouterr().err
 
 
 def test_a_regressor_saved_from_python_with_its_columns_predicts(fitted, tmp_path, capsys):
@@ -163,6 +175,9 @@ def test_a_regressor_saved_from_python_with_its_columns_predicts(fitted, tmp_pat
     save_model(reg, tmp_path / "bare.alacarte")
     assert main(["predict", str(tmp_path / "bare.alacarte"), new]) == 2
     assert "metadata={'columns'" in capsys.readouterr().err
+    save_model(reg, tmp_path / "abc.alacarte", metadata={"columns": "abc"})
+    assert main(["predict", str(tmp_path / "abc.alacarte"), new]) == 2
+    assert "must be a list of the model's 3 input names, got 'abc'" in capsys.readouterr().err
     save_model(reg, tmp_path / "named.alacarte", metadata={"columns": ["a", "b", "c"]})
     assert main(["predict", str(tmp_path / "named.alacarte"), new, "--json", "-q"]) == 0
     assert np.allclose(json.loads(capsys.readouterr().out)["mean"], reg.predict(x_new), rtol=1e-12, atol=1e-12)

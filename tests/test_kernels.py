@@ -160,4 +160,6 @@ def test_inputs_whose_batch_does_not_broadcast_with_the_kernels_are_a_clear_erro
         with pytest.raises(ValueError, match=r"inputs of batch shape \(3,\) do not broadcast with the kernel's "
                                              r"batch_shape \(2,\)"):
             kernel(torch.randn(3, 10, 3)).to_dense()
+        with pytest.raises(ValueError, match="do not broadcast"):
+            kernel(torch.randn(3, 10, 3), diag=True)
         assert kernel(torch.randn(1, 10, 3)).to_dense().shape == (2, 10, 10)

@@ -376,4 +376,6 @@ def test_selected_leaves_out_weights_at_round_off():
     assert kernel.selected().tolist() == [0, 2]
     assert kernel.selected(0.0).tolist() == [0, 1, 2]
     kernel.double().simplex_weights.data = torch.tensor([[0.7, 1e-12, 0.3 - 1e-12]], dtype=torch.float64)
-    assert kernel.selected().tolist() == [0, 1, 2]  # 1e-12 is no round-off in float64 (d·ε = 6.7e-16)
+    assert kernel.selected().tolist() == [0, 1, 2]  # 1e-12 is no round-off in float64 (ε = 2.2e-16)
+    wide = ac.FSARDKernel(4096, 8, ard_num_dims=4096, simplex=True, seed=0)  # uniform π = 2.4e-4 each
+    assert len(wide.selected()) == 4096  # a threshold growing with d (d·ε = 4.9e-4) dropped them all

@@ -263,7 +263,7 @@ def test_targets_too_large_to_standardise_are_refused_by_name():
 @pytest.mark.parametrize("model", [
     SRFFRegressor(alpha=True), SRFFRegressor(tol=math.inf), SRFFRegressor(simplex_size=True),
     RFFNetRegressor(learning_rate=True), RFFNetRegressor(validation_fraction=False),
-    RFFNetClassifier(alpha=np.True_), DerivativeSelector(tau=True), DerivativeSelector(refit="no"),
+    RFFNetClassifier(alpha=True), DerivativeSelector(tau=True), DerivativeSelector(refit="no"),
     DerivativeSelector(warm_start=1),
 ])
 def test_bools_are_no_numbers_and_numbers_no_bools(model):

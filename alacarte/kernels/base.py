@@ -209,7 +209,7 @@ class FeatureKernel(Kernel):
         return raw / raw.sum(-1, keepdim=True)
 
     def selected(self, threshold: float | None = None) -> Tensor:
-        """Indices of the inputs whose :attr:`relevance` exceeds ``threshold``; by default d·ε of the
+        """Indices of the inputs whose :attr:`relevance` exceeds ``threshold``; by default ε of the
         kernel's dtype, which leaves out exact zeros and weights that are round-off (a float32 fit's
         projections leave ~6e-9 on inputs a float64 fit sets to exactly 0); 0: every input in use.
 
@@ -223,7 +223,7 @@ class FeatureKernel(Kernel):
             raise ValueError("selected() supports kernels without batch_shape")
         relevance = self.relevance
         if threshold is None:
-            threshold = self.num_dims * torch.finfo(relevance.dtype).eps
+            threshold = torch.finfo(relevance.dtype).eps
         return torch.nonzero(relevance > threshold).squeeze(-1)
 
     def projection(self, x: Tensor) -> Tensor:
@@ -246,12 +246,16 @@ class FeatureKernel(Kernel):
         if x.dtype != scale.dtype:
             raise ValueError(f"the inputs are {x.dtype} and the kernel {scale.dtype}: convert one "
                              "(e.g. kernel.double() or x.to(torch.float32))")
+        self._batch_with(x)
+        return fourier_features(self.projection(x), scale)
+
+    def _batch_with(self, x: Tensor) -> torch.Size:
+        """The batch shape of inputs ``x`` broadcast with the kernel's; a ValueError where they do not."""
         try:
-            torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
+            return torch.broadcast_shapes(x.shape[:-2], self.batch_shape)
         except RuntimeError:
             raise ValueError(f"inputs of batch shape {tuple(x.shape[:-2])} do not broadcast with the kernel's "
                              f"batch_shape {tuple(self.batch_shape)}") from None
-        return fourier_features(self.projection(x), scale)
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
         if last_dim_is_batch:
@@ -261,7 +265,7 @@ class FeatureKernel(Kernel):
         tracked = torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad)
         same = x1 is x2 or (not tracked and x1.shape == x2.shape and torch.equal(x1, x2))
         if diag and same:
-            batch = torch.broadcast_shapes(x1.shape[:-2], self.batch_shape)
+            batch = self._batch_with(x1)
             return self.prior_variance().view(*self.batch_shape, 1).expand(*batch, x1.shape[-2])
         z1 = self.features(x1)
         z2 = z1 if same else self.features(x2)
