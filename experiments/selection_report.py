@@ -52,7 +52,8 @@ def main() -> None:
         "",
         "`python experiments/selection_report.py`; rows from `python experiments/selection_benchmark.py` run as "
         "`--problems se2 se1 --n 1000 --methods srff` and `--problems se2 --n 5000 --methods srff` (rerun with "
-        "the shared FISTA of commit 038bb45, and again at e112653, where SRFF standardises y: same RMSE to 1e-4, 1.5–4× faster), `--problems se1 (se2) --n 1000 --methods gp-simplex-fsard gp-fsard "
+        "the shared FISTA of commit 038bb45, and again at e112653, where SRFF standardises y: same RMSE to 1e-4, "
+        "1.5–4× faster), `--problems se1 (se2) --n 1000 --methods gp-simplex-fsard gp-fsard "
         "--out experiments/results/selection_gp_se1.csv (_se2.csv)` (gp-simplex-fsard rerun at commit ccb0de5, "
         "whose restarts start from different points), `--problems se3 --n 1000 --reps 1 --methods "
         "gp-simplex-fsard --out experiments/results/selection_gp_se3.csv`, `--problems se1 se2 --n 1000 5000 10000 50000 "
