@@ -135,14 +135,15 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[list
     parsed = values is not None and values.shape[1:] == (len(wanted),) and bool(np.isfinite(values).all())
     # usecols reads rows with fields missing or extra (beyond the columns used) without a word
     if not parsed or columns is not None:
-        _raise_first_bad_cell(path, names, wanted)
+        _check_rows(path, names, wanted)
     if not parsed:
         raise ValueError(f"{path} cannot be parsed as a numeric CSV file")
     return names, values
 
 
-def _raise_first_bad_cell(path: Path, names: list[str], wanted: list[str]) -> None:
-    """Raise on the first row with another number of fields than the header, or bad cell of ``wanted``."""
+def _check_rows(path: Path, names: list[str], wanted: list[str]) -> None:
+    """Raise on the first row with another number of fields than the header, or bad cell of ``wanted``;
+    return if there is none (also the check of every row when numpy read only ``wanted``)."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
         rows = csv.reader(fh)
         next(rows)
