@@ -120,6 +120,18 @@ def test_many_rows_and_float32():
     assert close(y32.double(), fastfood_project(x, sign, perm, gauss, radius, "dense"), tol=1e-5)
 
 
+@pytest.mark.parametrize("batch_shape", [(), (2,)])
+def test_zero_rows_fwht_path(batch_shape):
+    """n = 0 rows (which GPyTorch's kernels accept): the FWHT path failed to reshape the empty inputs
+    (RuntimeError "cannot reshape tensor of 0 elements"), and it is the default for d > 512."""
+    sign, perm, gauss, radius = state_tensors(3, 8, batch_shape, requires_grad=True)
+    x = torch.zeros(0, 3, dtype=torch.float64, requires_grad=True)
+    y = fastfood_project(x, sign, perm, gauss, radius, "fwht")
+    assert y.shape == (*batch_shape, 0, 8)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and sign.grad.abs().max() == 0 and radius.grad.abs().max() == 0
+
+
 @pytest.mark.parametrize("d", [1, 3, 8, 17, 64])
 def test_row_lengths_equal_radius(d):
     m = 2 * padded_dim(d)

@@ -163,3 +163,12 @@ def test_inputs_whose_batch_does_not_broadcast_with_the_kernels_are_a_clear_erro
         with pytest.raises(ValueError, match="do not broadcast"):
             kernel(torch.randn(3, 10, 3), diag=True)
         assert kernel(torch.randn(1, 10, 3)).to_dense().shape == (2, 10, 10)
+
+
+def test_zero_rows_on_the_fwht_path():
+    """GPyTorch's kernels take inputs of 0 rows; above d = 512 the default (FWHT) path raised a RuntimeError."""
+    kernel = FastfoodRBFKernel(600, 8, seed=0).double()
+    empty, x = torch.zeros(0, 600, dtype=torch.float64), torch.randn(4, 600, dtype=torch.float64)
+    assert kernel(empty, x).to_dense().shape == (0, 4)
+    assert kernel(x, empty).to_dense().shape == (4, 0)
+    assert kernel.features(empty).shape == (0, 16)

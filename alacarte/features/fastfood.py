@@ -124,7 +124,8 @@ def _first_half(xc: Tensor, sign: Tensor, gidx: Tensor, plan: tuple, out: Tensor
 
 
 def _flat_state(t: Tensor, batch: torch.Size, tail: tuple[int, ...]) -> Tensor:
-    return t.expand(*batch, *tail).reshape(-1, *tail)
+    # The batch size is spelt out: with -1, a tail holding no elements (n = 0 rows) is ambiguous to reshape.
+    return t.expand(*batch, *tail).reshape(batch.numel(), *tail)
 
 
 class _FastfoodFWHT(torch.autograd.Function):
@@ -178,7 +179,7 @@ class _FastfoodFWHT(torch.autograd.Function):
         xb = _flat_state(x, batch, (n, d))
         sb, gb = _flat_state(sign, batch, (k, p)), _flat_state(gauss, batch, (k, p))
         pb, scb = _flat_state(perm, batch, (k, p)), _flat_state(scale, batch, (m,))
-        gr = grad.expand(*batch, n, m).reshape(-1, n, m)
+        gr = _flat_state(grad, batch, (n, m))
         nb = xb.shape[0]
         gx = x.new_empty(nb, n, d) if need_x else None
         gsign = x.new_zeros(nb, k, p) if need_sign else None
