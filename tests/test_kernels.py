@@ -62,6 +62,10 @@ class TestSSGPRKernel(FeatureKernelTestCase, unittest.TestCase):
             self.make_kernel(3, lengthscale=-1.0)
         with self.assertRaisesRegex(ValueError, "lengthscale"):
             self.make_kernel(3, lengthscale=torch.ones(2))
+        # ∞ gave all-zero frequencies (a constant kernel) and 1e-40 in float32 infinite ones (NaN features).
+        for bad in (float("inf"), 1e-40, float("nan")):
+            with self.assertRaisesRegex(ValueError, "lengthscale must be positive and finite"):
+                self.make_kernel(3, lengthscale=bad)
 
 
 def test_fastfood_matches_gpytorch_rbf_in_expectation():
