@@ -161,3 +161,27 @@ def test_strategy_rule_and_errors():
         fastfood_project(torch.randn(2, 5, dtype=torch.float64), sign, perm, gauss, radius)
     with pytest.raises(ValueError):
         fastfood_project(torch.randn(2, 4, dtype=torch.float64), sign, perm, gauss, radius, "nope")
+
+
+def test_threads_do_not_share_scratch():
+    """Two threads projecting at once wrote into each other's cached scratch (all 20 results wrong)."""
+    import threading
+
+    sign, perm, gauss, radius = state_tensors(700, 64)
+    xs = [torch.randn(1000, 700, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    expected = [fastfood_project(x, sign, perm, gauss, radius, "fwht") for x in xs]
+    expected_grad = [torch.autograd.grad(y.sin().sum(), x)[0] for x, y in zip(xs, expected)]
+    wrong = [0, 0]
+
+    def work(i):
+        for _ in range(5):
+            y = fastfood_project(xs[i], sign, perm, gauss, radius, "fwht")
+            g = torch.autograd.grad(y.sin().sum(), xs[i])[0]
+            wrong[i] += not (torch.equal(y, expected[i]) and torch.equal(g, expected_grad[i]))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == [0, 0]

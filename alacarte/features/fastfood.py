@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..ops.fwht import apply_plan, chunk_rows, fwht, plan_for, workspace
+from ..ops.fwht import apply_plan, chunk_rows, fwht, holding_workspaces, plan_for, workspace
 
 __all__ = [
     "FastfoodState",
@@ -139,6 +139,7 @@ class _FastfoodFWHT(torch.autograd.Function):
     """
 
     @staticmethod
+    @holding_workspaces
     def forward(ctx, x: Tensor, sign: Tensor, gauss: Tensor, scale: Tensor, perm: Tensor) -> Tensor:  # noqa: D102
         k, p = sign.shape[-2:]
         n, d = x.shape[-2:]
@@ -169,6 +170,7 @@ class _FastfoodFWHT(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @holding_workspaces
     def backward(ctx, grad: Tensor):  # noqa: D102
         x, sign, gauss, scale, perm = ctx.saved_tensors
         batch = ctx.batch

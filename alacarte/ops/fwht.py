@@ -27,6 +27,7 @@ block-diagonal ``I ⊗ H_p`` (16 columns wide) or with ``H_p`` itself.
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 from torch import Tensor
@@ -74,11 +75,28 @@ def hadamard_matrix(p: int, dtype: torch.dtype = torch.float64, device: torch.de
 # --------------------------------------------------------------------------- workspaces
 _WORKSPACES: dict[tuple, Tensor] = {}
 
+# The buffers are shared by every thread: two threads transforming at once wrote into each other's
+# scratch (wrong numbers, silently).  A lock rather than per-thread buffers: on a GPU a workspace holds
+# the whole input, and autograd's device threads would duplicate it.
+_WORKSPACE_LOCK = threading.RLock()
+
+
+def holding_workspaces(fn):
+    """Run ``fn`` holding the workspace lock: every function that takes a :func:`workspace` needs it."""
+
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with _WORKSPACE_LOCK:
+            return fn(*args, **kwargs)
+
+    return locked
+
 
 def workspace(slot: str, numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """A cached flat scratch buffer of at least ``numel`` elements (grown on demand).
 
-    Scratch only: never return it (or a view of it) to a caller.
+    Scratch only: never return it (or a view of it) to a caller, and use it only inside a
+    function decorated with :func:`holding_workspaces`.
     """
     key = (slot, dtype, device)
     buf = _WORKSPACES.get(key)
@@ -180,6 +198,7 @@ def apply_plan(plan: tuple, src: Tensor, dst: Tensor, tmp: Tensor) -> None:
         cur = nxt
 
 
+@holding_workspaces
 def _fwht_forward(x: Tensor, scheme: str = "auto") -> Tensor:
     p = x.shape[-1]
     plan = plan_for(p, x.dtype, scheme)
