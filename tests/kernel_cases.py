@@ -127,6 +127,14 @@ class FeatureKernelTestCase(BaseKernelTestCase):
             full = kernel(a, b).to_dense().diagonal()
             self.assertAllClose(kernel(a, b, diag=True).detach(), full.detach(), rtol=1e-12, atol=1e-12)
 
+    def test_is_stationary(self):
+        """GPyTorch's ``is_stationary`` (default: has a lengthscale) was False for GM and SSGPR; check the claim too."""
+        kernel = self.make_kernel(3).double()
+        self.assertTrue(kernel.is_stationary)
+        x1, x2 = torch.randn(6, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+        shift = torch.tensor([0.3, -1.2, 2.0], dtype=torch.float64)
+        self.assertAllClose(kernel(x1 + shift, x2 + shift).to_dense(), kernel(x1, x2).to_dense(), rtol=1e-10, atol=1e-12)
+
     def test_float32_and_float64(self):
         x = torch.randn(20, 3, dtype=torch.float64)
         k64 = self.make_kernel(3).double()

@@ -176,3 +176,8 @@ def test_zero_rows_on_the_fwht_path():
     assert kernel(empty, x).to_dense().shape == (0, 4)
     assert kernel(x, empty).to_dense().shape == (4, 0)
     assert kernel.features(empty).shape == (0, 16)
+
+
+def test_simplex_kernels_are_stationary():
+    """simplex=True drops GPyTorch's raw_lengthscale, and GPyTorch's is_stationary is has_lengthscale."""
+    assert FSARDKernel(3, 8, ard_num_dims=3, simplex=True, seed=0).is_stationary

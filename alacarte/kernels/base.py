@@ -83,6 +83,9 @@ class FeatureKernel(Kernel):
     simplex_size = ConstrainedParameter()
     # Kernels whose spectrum carries its own mass (mixture weights) set this False.
     has_outputscale = True
+    # φ(x)ᵀφ(x') = Σ_i w_i cos(ω_iᵀ(x − x')) for every draw.  GPyTorch's default is has_lengthscale, which
+    # called GM, SSGPR and simplex kernels non-stationary (GridKernel, for one, refuses those).
+    is_stationary = True
 
     def __init__(
         self,
