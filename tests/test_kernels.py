@@ -181,3 +181,19 @@ def test_zero_rows_on_the_fwht_path():
 def test_simplex_kernels_are_stationary():
     """simplex=True drops GPyTorch's raw_lengthscale, and GPyTorch's is_stationary is has_lengthscale."""
     assert FSARDKernel(3, 8, ard_num_dims=3, simplex=True, seed=0).is_stationary
+
+
+def test_lengthscale_options_of_kernels_without_one_are_refused():
+    """GM and SSGPR have no lengthscale: GPyTorch's Kernel dropped a lengthscale prior or constraint silently
+    (named_priors() empty, the fit unregularised), where a prior on a missing outputscale is refused."""
+    import gpytorch
+
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    builds = (lambda **kw: SSGPRKernel(3, 8, seed=0, **kw),
+              lambda **kw: SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0, **kw))
+    for build in builds:
+        for key, value in (("lengthscale_prior", gpytorch.priors.GammaPrior(3.0, 6.0)),
+                           ("lengthscale_constraint", gpytorch.constraints.Interval(0.1, 2.0))):
+            with pytest.raises(ValueError, match=f"has no lengthscale: {key} would be ignored"):
+                build(**{key: value})

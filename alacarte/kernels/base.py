@@ -105,6 +105,10 @@ class FeatureKernel(Kernel):
         ard_num_dims = kwargs.get("ard_num_dims")
         if ard_num_dims is not None and ard_num_dims not in (1, num_dims):
             raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
+        if not type(self).has_lengthscale:  # GPyTorch's Kernel would drop them without a word
+            for key in ("lengthscale_prior", "lengthscale_constraint"):
+                if kwargs.get(key) is not None:
+                    raise ValueError(f"{type(self).__name__} has no lengthscale: {key} would be ignored")
         self.simplex = bool(simplex)
         if self.simplex:
             self._check_simplex_options(num_dims, ard_num_dims, simplex_size, kwargs)
