@@ -197,3 +197,25 @@ def test_lengthscale_options_of_kernels_without_one_are_refused():
                            ("lengthscale_constraint", gpytorch.constraints.Interval(0.1, 2.0))):
             with pytest.raises(ValueError, match=f"has no lengthscale: {key} would be ignored"):
                 build(**{key: value})
+
+
+@pytest.mark.parametrize("strategy", ["dense", "fwht"])
+def test_hessian_vector_product_in_the_radii(strategy):
+    """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""
+    kernel = FSARDKernel(3, 8, seed=0, strategy=strategy).double()
+    x = torch.randn(4, 3, dtype=torch.float64)
+    raw = kernel.raw_radius
+
+    def gradient():
+        return torch.autograd.grad(kernel.features(x).sin().sum(), raw, create_graph=True)[0]
+
+    v = torch.randn_like(raw)
+    hv = torch.autograd.grad((gradient() * v).sum(), raw)[0]
+    eps = 1e-6
+    with torch.no_grad():
+        raw.add_(eps * v)
+    plus = gradient().detach()
+    with torch.no_grad():
+        raw.sub_(2 * eps * v)
+    minus = gradient().detach()
+    assert torch.allclose(hv, (plus - minus) / (2 * eps), rtol=1e-6, atol=1e-7)

@@ -91,12 +91,22 @@ def row_scale(gauss: Tensor, radius: Tensor) -> Tensor:
 def _block_transform(u: Tensor, sign: Tensor, perm: Tensor, gauss: Tensor) -> Tensor:
     """``H G Π H B`` applied to ``u`` of shape (..., K, p) (blocks already broadcast).
 
-    The plain autograd composition of the definition (a reference for tests; the
-    projection itself runs the fused :class:`_FastfoodFWHT`).
+    The plain autograd composition of the definition (a reference for tests, and what
+    second derivatives differentiate; the projection itself runs the fused
+    :class:`_FastfoodFWHT`).
     """
     u = fwht(u * sign)
     u = torch.gather(u, -1, perm.expand(*u.shape))
     return fwht(u * gauss)
+
+
+def _composed_project(x: Tensor, sign: Tensor, gauss: Tensor, scale: Tensor, perm: Tensor) -> Tensor:
+    """What :class:`_FastfoodFWHT` computes, as plain autograd ops (an n×K·p intermediate): the graph a
+    second derivative differentiates."""
+    p = sign.shape[-1]
+    u = torch.nn.functional.pad(x, (0, p - x.shape[-1])).unsqueeze(-2)  # (..., n, 1, p)
+    u = _block_transform(u, sign.unsqueeze(-3), perm.unsqueeze(-3), gauss.unsqueeze(-3))  # (..., n, K, p)
+    return u.flatten(-2)[..., : scale.shape[-1]] * scale.unsqueeze(-2)
 
 
 # --------------------------------------------------------------------------- fused FWHT path
@@ -169,9 +179,22 @@ class _FastfoodFWHT(torch.autograd.Function):
         return out.view(*batch, n, m)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    @holding_workspaces
     def backward(ctx, grad: Tensor):  # noqa: D102
+        if torch.is_grad_enabled():
+            # create_graph=True (a Hessian, a gradient of a gradient): the fused backward below builds no
+            # graph, and once_differentiable did not stop autograd from treating its result as a constant
+            # in x, B, G and S (second derivatives silently wrong), so differentiate the composition.
+            x, sign, gauss, scale, perm = ctx.saved_tensors
+            needs = ctx.needs_input_grad[:4]
+            inputs = [t for t, need in zip((x, sign, gauss, scale), needs) if need]
+            grads = iter(torch.autograd.grad(_composed_project(x, sign, gauss, scale, perm), inputs, grad,
+                                             create_graph=True))
+            return (*(next(grads) if need else None for need in needs), None)
+        return _FastfoodFWHT._fused_backward(ctx, grad)
+
+    @staticmethod
+    @holding_workspaces
+    def _fused_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, sign, gauss, scale, perm = ctx.saved_tensors
         batch = ctx.batch
         need_x, need_sign, need_gauss, need_scale = ctx.needs_input_grad[:4]
