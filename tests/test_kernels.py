@@ -197,6 +197,9 @@ def test_lengthscale_options_of_kernels_without_one_are_refused():
                            ("lengthscale_constraint", gpytorch.constraints.Interval(0.1, 2.0))):
             with pytest.raises(ValueError, match=f"has no lengthscale: {key} would be ignored"):
                 build(**{key: value})
+        # Setting one was an AttributeError about raw_lengthscale_constraint.
+        with pytest.raises(ValueError, match="has no lengthscale"):
+            build().lengthscale = 0.5
 
 
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])

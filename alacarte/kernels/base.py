@@ -162,6 +162,8 @@ class FeatureKernel(Kernel):
 
     @lengthscale.setter
     def lengthscale(self, value) -> None:
+        if not self.simplex and not self.has_lengthscale:  # else an AttributeError on raw_lengthscale_constraint
+            raise ValueError(f"{type(self).__name__} has no lengthscale")
         if not self.simplex:
             self._set_lengthscale(checked_value("lengthscale", value, self.raw_lengthscale_constraint,
                                                 self.raw_lengthscale))
