@@ -139,6 +139,16 @@ def test_a_weight_that_underflowed_to_zero_has_a_finite_gradient():
     assert torch.isfinite(single.raw_outputscale.grad).all()
 
 
+def test_diag_of_equal_inputs_checks_them_too():
+    """k(x, diag=True) returns σ_f² without features; it took inputs of 7 columns for a 3-input kernel,
+    and float64 inputs to a float32 kernel (a float32 result), where k(x) refuses both."""
+    kernel = FastfoodRBFKernel(3, 8, seed=0)
+    with pytest.raises(ValueError, match="built for 3 input dimensions, got 7"):
+        kernel(torch.randn(5, 7), diag=True)
+    with pytest.raises(ValueError, match="inputs are torch.float64 and the kernel torch.float32"):
+        kernel(torch.randn(5, 3, dtype=torch.float64), diag=True)
+
+
 def test_inputs_of_another_dtype_than_the_kernel_are_a_clear_error():
     """GM, PWL, SSGPR and RKS used to fail inside a matmul; the Fastfood ones silently mixed dtypes."""
     from alacarte import SpectralMixtureFastfoodKernel

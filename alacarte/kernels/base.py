@@ -249,14 +249,18 @@ class FeatureKernel(Kernel):
 
     def features(self, x: Tensor) -> Tensor:
         """The feature matrix Φ, (..., n, d) → (..., n, 2M)."""
+        scale = self.feature_scale()
+        self._check_inputs(x, scale.dtype)
+        return fourier_features(self.projection(x), scale)
+
+    def _check_inputs(self, x: Tensor, dtype: torch.dtype) -> torch.Size:
+        """A ValueError for inputs of the wrong width, dtype or batch shape; else the broadcast batch shape."""
         if x.shape[-1] != self.num_dims:
             raise ValueError(f"{type(self).__name__} was built for {self.num_dims} input dimensions, got {x.shape[-1]}")
-        scale = self.feature_scale()
-        if x.dtype != scale.dtype:
-            raise ValueError(f"the inputs are {x.dtype} and the kernel {scale.dtype}: convert one "
+        if x.dtype != dtype:
+            raise ValueError(f"the inputs are {x.dtype} and the kernel {dtype}: convert one "
                              "(e.g. kernel.double() or x.to(torch.float32))")
-        self._batch_with(x)
-        return fourier_features(self.projection(x), scale)
+        return self._batch_with(x)
 
     def _batch_with(self, x: Tensor) -> torch.Size:
         """The batch shape of inputs ``x`` broadcast with the kernel's; a ValueError where they do not."""
@@ -274,8 +278,10 @@ class FeatureKernel(Kernel):
         tracked = torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad)
         same = x1 is x2 or (not tracked and x1.shape == x2.shape and torch.equal(x1, x2))
         if diag and same:
-            batch = self._batch_with(x1)
-            return self.prior_variance().view(*self.batch_shape, 1).expand(*batch, x1.shape[-2])
+            # The same checks as features(): this shortcut took inputs of any width, and of another dtype.
+            variance = self.prior_variance()
+            batch = self._check_inputs(x1, variance.dtype)
+            return variance.view(*self.batch_shape, 1).expand(*batch, x1.shape[-2])
         z1 = self.features(x1)
         z2 = z1 if same else self.features(x2)
         if diag:
