@@ -144,7 +144,7 @@ def _run_cell(cell: tuple) -> dict:
                 nlpd=float((0.5 * ((y - pred.mean) ** 2 / var + var.log() + math.log(2 * math.pi))).mean()),
                 train_seconds=round(history.seconds, 3), iterations=history.iterations,
                 converged=history.converged,
-                peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                peak_rss_mb=round(peak_rss_mb(), 1),
                 n_train=n_train, d=d,
                 num_features=0 if model_kind.startswith("exact") else 2 * cfg["num_samples"],
                 components=components if method in ("gm", "pwl") else "",
@@ -152,6 +152,20 @@ def _run_cell(cell: tuple) -> dict:
                 peak_device_mb=round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if on_gpu else "",
                 noise=float(model.likelihood.noise.detach().min()),
                 noise_floor=float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (2²⁰ bytes).
+
+    Not ``getrusage``'s ``ru_maxrss`` where Linux gives ``VmHWM``: exec keeps the larger of the
+    old and the new address space's peaks in ``ru_maxrss``, so a cell process (spawned: fork,
+    then exec) would report its runner's peak whenever that is the larger — a runner holding
+    1.5 GB gave a 392 MB cell 1811 MB.  ``VmHWM`` is the peak of this process's own address space."""
+    with contextlib.suppress(OSError, AttributeError):
+        match = re.search(r"^VmHWM:\s*(\d+) kB$", Path("/proc/self/status").read_text(), re.MULTILINE)
+        return int(match.group(1)) / 1024  # (AttributeError: no VmHWM line)
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024  # bytes on macOS, else KiB
 
 
 def checkpoint_directory(csv_path: str | os.PathLike) -> Path:

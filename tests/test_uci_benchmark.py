@@ -710,3 +710,23 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
     assert benchmark.run(args) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted(kept)
     assert len(read_rows(path)) == 1  # (nothing ran again)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="the runner's large peak is set up on Linux")
+def test_a_cells_peak_memory_is_its_own_not_its_runners(tmp_path):
+    """A cell process is spawned (fork, then exec), and ``ru_maxrss`` keeps the larger of the
+    runner's and the cell's peak across exec: a runner holding 1.5 GB gave a challenger cell of
+    392 MB a peak_rss_mb of 1811."""
+    import resource
+
+    from alacarte.cli import main
+
+    ballast = np.ones(1500 * 2**20 // 8)  # 1.5 GB resident in the runner (this process)
+    runner_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    path = tmp_path / "rows.csv"
+    assert main(["bench", "run", "--datasets", "challenger", "--methods", "exact-rbf", "--splits", "0",
+                 "--max-iter", "2", "--restarts", "0", "--workers", "1", "--data", str(SHARED),
+                 "--csv", str(path), "-q"]) == 0
+    del ballast
+    (row,) = read_rows(path)
+    assert runner_peak > 1500 and 0 < float(row["peak_rss_mb"]) < 1000
