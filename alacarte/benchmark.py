@@ -223,10 +223,13 @@ def package_version() -> str:
 
     try:
         commit = git("rev-parse", "--short=7", "HEAD").decode()
+        # An installed copy (site-packages of a virtual environment kept inside some project's
+        # checkout) is in a git work tree too, but not in its commits: that commit is not this code.
+        tracked = git("ls-files", "--", "alacarte/__init__.py")
         diff = git("diff", "HEAD", "--binary", "--", "alacarte")
     except (OSError, subprocess.SubprocessError):
         return ac.__version__
-    if not commit:
+    if not commit or not tracked:
         return ac.__version__
     return f"{ac.__version__}+g{commit}" + (f".dirty{hashlib.sha256(diff).hexdigest()[:8]}" if diff else "")
 

@@ -172,7 +172,9 @@ def test_rows_name_the_commit_that_produced_them(monkeypatch):
 
     def git_with_changes(diff: bytes):
         def run(command, **kwargs):
-            return subprocess.CompletedProcess(command, 0, stdout=b"abc1234\n" if "rev-parse" in command else diff)
+            out = {"rev-parse": b"abc1234\n", "ls-files": b"alacarte/__init__.py\n"}
+            stdout = next((v for k, v in out.items() if k in command), diff)
+            return subprocess.CompletedProcess(command, 0, stdout=stdout)
         return run
 
     versions = []
@@ -188,6 +190,30 @@ def test_rows_name_the_commit_that_produced_them(monkeypatch):
 
     monkeypatch.setattr(subprocess, "run", no_git)
     assert package_version() == alacarte.__version__
+
+
+def test_an_installed_copy_inside_another_git_checkout_does_not_take_its_commit(tmp_path):
+    """A virtual environment kept in a project's checkout (``.venv/`` ignored) puts the installed
+    package in that work tree: its version was ``0.1.0+g<the project's commit>``, a commit that
+    holds none of this code."""
+    import shutil
+
+    import alacarte
+
+    def git(*command):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *command],
+                       check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text(".venv/\n")
+    git("add", ".gitignore")
+    git("commit", "-q", "-m", "a project")
+    site = tmp_path / ".venv" / "site-packages"
+    shutil.copytree(Path(alacarte.__file__).parent, site / "alacarte", ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "-c", "import alacarte.benchmark as b; print(b.package_version())"],
+                         env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path, check=True,
+                         capture_output=True, text=True, timeout=120).stdout.split()
+    assert out == [alacarte.__version__]
 
 
 @pytest.mark.parametrize("ours, verdict, matched", [(0.004, "≤", 1), (0.05, ">", 0)])
