@@ -293,7 +293,7 @@ def _complete(row: dict) -> bool:
 
 def _settings(row: dict) -> tuple:
     """The settings a row ran with, ``None`` where it does not record one (older rows, and the
-    features and components of a timed-out cell, which never built its model)."""
+    features and components of a timed-out cell where they depend on data it never loaded)."""
     def number(name):
         value = row.get(name)
         return None if value in (None, "") else int(value)
@@ -553,13 +553,26 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                     proc.join()
                     del running[index]
                     _record(args, _row(dataset, split, method, cfg, status="timeout", model=method,
-                                       train_seconds=args.time_budget), bar)
+                                       train_seconds=args.time_budget, **_settings_before_data(method, cfg)), bar)
                     _forget_checkpoints(cfg, [cell])
                 elif proc.exitcode not in (None, 0):  # died without a word: killed, out of memory
                     del running[index]
                     failures += _record(args, {"error": f"{dataset} split {split} {method}: worker died "
                                                         f"with exit code {proc.exitcode}"}, bar)
     return failures
+
+
+def _settings_before_data(method: str, cfg: dict) -> dict:
+    """The D and components of a cell stopped before it built its model, where they do not depend
+    on its data.  A timeout row without them matched a run at any D or number of components, which
+    then skipped the cell as done and never ran it.  An exact GP's D (0, or 2M as a Fastfood
+    expansion at n ≥ 2000) and ``auto`` components depend on the number of training points: blank."""
+    values = {}
+    if not method.startswith("exact-"):
+        values["num_features"] = 2 * cfg["num_samples"]
+    if method in ("gm", "pwl") and cfg["components"] != "auto":
+        values["components"] = int(cfg["components"])
+    return values
 
 
 def _record(args, row: dict, bar) -> int:

@@ -62,6 +62,16 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
     assert "1 cells done, 0 to run" in run(path, *one_cell)
 
 
+def test_a_timeout_at_one_feature_count_does_not_count_as_done_at_another(tmp_path):
+    """A timeout row recorded no D, so a later run at another D took it for its own cell and
+    never ran it ("1 cells done, 0 to run")."""
+    path, one_cell = tmp_path / "budget.csv", ["--datasets", "servo", "--methods", "fsard"]
+    run(path, *one_cell, "--time-budget", "0.5")
+    assert "0 cells done, 1 to run" in run(path, *one_cell, "--num-samples", "32")
+    assert [(r["status"], r["num_features"]) for r in read_rows(path)] == [("timeout", "32"), ("ok", "64")]  # D = 2M
+    assert "1 cells done, 0 to run" in run(path, *one_cell, "--time-budget", "0.5")  # D = 32's timeout stands
+
+
 def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
     """A process's state letter and parent pid from /proc (None once it is gone)."""
     try:
