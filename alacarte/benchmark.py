@@ -314,8 +314,11 @@ def _other_setting(row: dict, args: argparse.Namespace) -> str | None:
               ("device", "cuda" if gpu else "cpu", "cuda" if wanted_gpu else "cpu")]
     if features:  # 0 for an exact GP: it has no features
         checks.append(("D", features, 2 * args.num_samples))
-    if components is not None and row.get("n_train"):
-        checks.append(("components", components, mixture_components(args.components, int(row["n_train"]))))
+    if components is not None:
+        if args.components != "auto":
+            checks.append(("components", components, int(args.components)))
+        elif row.get("n_train"):  # (a timeout row has none: 'auto' chooses by data its cell never loaded)
+            checks.append(("components", components, mixture_components("auto", int(row["n_train"]))))
     for name, ran, wanted in checks:
         if ran is not None and ran != wanted:
             return f"{name}={ran} (this run: {wanted})"
@@ -563,8 +566,8 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
 
 
 def _settings_before_data(method: str, cfg: dict) -> dict:
-    """The D and components of a cell stopped before it built its model, where they do not depend
-    on its data.  A timeout row without them matched a run at any D or number of components, which
+    """The D and components of a timed-out cell (the runner never sees its model), where they do
+    not depend on its data.  A timeout row without them matched a run at any D or number of components, which
     then skipped the cell as done and never ran it.  An exact GP's D (0, or 2M as a Fastfood
     expansion at n ≥ 2000) and ``auto`` components depend on the number of training points: blank."""
     values = {}

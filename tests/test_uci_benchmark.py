@@ -70,6 +70,10 @@ def test_a_timeout_at_one_feature_count_does_not_count_as_done_at_another(tmp_pa
     assert "0 cells done, 1 to run" in run(path, *one_cell, "--num-samples", "32")
     assert [(r["status"], r["num_features"]) for r in read_rows(path)] == [("timeout", "32"), ("ok", "64")]  # D = 2M
     assert "1 cells done, 0 to run" in run(path, *one_cell, "--time-budget", "0.5")  # D = 32's timeout stands
+    # Likewise the number of GM components, where it is given rather than chosen from the data.
+    path, gm = tmp_path / "gm.csv", ["--datasets", "servo", "--methods", "gm"]
+    run(path, *gm, "--components", "2", "--time-budget", "0.5")
+    assert "0 cells done, 1 to run" in run(path, *gm, "--components", "4")
 
 
 def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
