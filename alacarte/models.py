@@ -384,6 +384,13 @@ class ExactRBFGP(_StandardizedGP):
     def forward(self, x: Tensor) -> MultivariateNormal:
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
+    def _apply(self, fn):
+        # GPyTorch's ExactGP converts its training data here but keeps its prediction cache (K⁻¹y and
+        # a root of K⁻¹ in the old dtype and device): a model that predicted in float32 failed to
+        # predict after .double() ("expected m1 and m2 to have the same dtype").
+        self._clear_cache()
+        return super()._apply(fn)
+
     def inference_settings(self) -> contextlib.AbstractContextManager:
         # Exact baselines stay exact: Cholesky rather than CG/Lanczos at every size.
         stack = contextlib.ExitStack()

@@ -744,6 +744,20 @@ def test_a_cached_posterior_follows_load_state_dict_and_dtype_changes():
         streamed.predict(x_test)
 
 
+def test_an_exact_gp_that_predicted_changes_dtype_like_one_that_never_did():
+    """GPyTorch keeps an ExactGP's prediction cache through .double()/.float(); ours drops it."""
+    x, y = toy_data(n=60)
+    x_test = toy_data(n=10, seed=2)[0]
+    fitted = ExactRBFGP(None, None, num_dims=3, ard=True)  # float32, GPyTorch's default
+    fit(fitted, x.float(), y.float(), max_iter=3, restarts=0, progress=False)
+    never_queried = copy.deepcopy(fitted).double()
+    fitted.predict(x_test)  # caches the float32 prediction strategy
+    a, b = fitted.double().predict(x_test), never_queried.predict(x_test)
+    assert a.mean.dtype == torch.float64
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+    assert torch.equal(fitted.float().predict(x_test).mean, never_queried.float().predict(x_test).mean)
+
+
 def test_a_batched_feature_gp_predicts_each_batch_with_its_own_noise():
     x, y = toy_data(n=40)
     likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([3]))
