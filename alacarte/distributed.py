@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._validation import check_nonnegative_int, check_positive_int
+from .models import FeatureGP
 from .streaming import ChunkedData, as_chunked_data
 from .training import FitHistory
 from .training import fit as _fit
@@ -204,6 +205,13 @@ def fit(
                 x, y, chunk_size=chunk_size, memory_budget=memory_budget, statistics_dtype=statistics_dtype,
                 group=group, distributed=True,
             )
+        if isinstance(model, FeatureGP):  # (fit refuses other models on every process alike)
+            # Rows are validated as they are read: read them all once here, so that a bad row on one
+            # process (NaN, another column count, a chunk source with no rows) makes every process
+            # raise below. Found in the first pass of training instead, it stopped that process alone,
+            # and the others failed on a closed connection (RuntimeError) or waited for the timeout.
+            for _ in data.chunks(model):
+                pass
     except ValueError as err:
         problem = err
     _agree_on_inputs(problem, group)

@@ -68,6 +68,18 @@ def main() -> None:
             raise SystemExit
         if scenario == "empty":  # rank 1 holds no rows
             ad.fit(model, x[rows] if rank == 0 else x[:0], y[rows] if rank == 0 else y[:0], progress=False)
+        if scenario == "bad rows":  # rank 1's rows fail only when read: a NaN, another column count, none at all
+            x_nan = x[rows].clone()
+            x_nan[3, 0] = float("nan")
+            bad = {"nan": (x_nan, y[rows]),
+                   "columns": (torch.cat([x[rows], x[rows, :1]], 1), y[rows]), "none": ([], None)}
+            for case, (x_bad, y_bad) in bad.items():
+                try:
+                    ad.fit(model, x_bad if rank == 1 else x[rows], y_bad if rank == 1 else y[rows], chunk_size=7,
+                           restarts=0, max_iter=2, progress=False)
+                except Exception as err:
+                    result[case] = f"{type(err).__name__}: {err}"
+            raise SystemExit
         if scenario == "augmented":  # rank 1's rows change between the two passes of an evaluation
             source = AugmentedChunks(x[rows], y[rows], 1e-6 if rank == 1 else 0.0)
             streamed_negative_mll(model.train(), ChunkedData(source, chunk_size=7, distributed=True))

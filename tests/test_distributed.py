@@ -135,6 +135,15 @@ def test_a_process_without_rows_makes_every_process_raise_a_value_error(tmp_path
     assert "(rank 1) cannot train on its rows: x is empty" in results[1].get("error", ""), results[1]
 
 
+def test_rows_that_fail_when_read_on_one_process_make_every_process_raise_a_value_error(tmp_path):
+    results, _ = _launch("bad rows", tmp_path)
+    for case, message in (("nan", "contains 1 non-finite value"), ("columns", "has 4 columns but the model expects 3"),
+                          ("none", "the data yielded no rows")):
+        assert "ValueError: rank(s) 1 cannot train on their rows" in results[0].get(case, ""), results[0]
+        assert "(rank 1) cannot train on its rows: " in results[1].get(case, "") and message in results[1][case], \
+            results[1]
+
+
 def test_rows_that_change_between_passes_on_one_process_make_every_process_raise(tmp_path):
     results, _ = _launch("augmented", tmp_path)
     for r in (0, 1):
