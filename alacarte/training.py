@@ -351,13 +351,19 @@ class _Training:
     def _refit_from_larger_noise(self) -> None:
         """Optimise again from σ² = 0.1 × the target variance; keep the refit if its loss is lower (see :func:`fit`).
 
-        Streamed targets (``y`` None) are taken as standardised, variance 1: every process of a
-        distributed fit must start the refit from the same σ²."""
+        Streamed targets (``y`` None) have variance 1 when standardised; unstandardised, theirs is
+        streamed (summed over every process of a distributed fit, which must all start the refit from
+        the same σ²): taking 1 there started the refit elsewhere than the in-memory fit did."""
         model, x, y, history = self.model, self.x, self.y, self.history
+
+        def target_variance() -> float:
+            if y is not None:
+                return float(y.var()) if y.numel() > 1 else 1.0
+            return 1.0 if self.standardize else float(x.moments(model)[3]) ** 2
 
         def begin():
             self.at_bound = (_current_loss(model, x, y), copy.deepcopy(model.state_dict()))
-            set_noise(model, 0.1 * (float(y.var()) if y is not None and y.numel() > 1 else 1.0))
+            set_noise(model, 0.1 * target_variance())
             self.bar.total += self.max_iter
 
         losses, converged = self._run_stage(("refit", 0), self.max_iter, begin)
