@@ -328,7 +328,7 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
         "torch_version": torch.__version__,
         "kind": kind,
         "metadata": json.loads(metadata_json),
-    }, {"kind": kind, "record": record})
+    }, {"kind": kind, "record": record, "metadata": json.loads(metadata_json)})  # (checksummed, unlike the header)
     return path
 
 
@@ -344,6 +344,12 @@ def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP 
     from . import __version__
 
     header, payload = _read(path)
+    metadata = header.get("metadata", {})
+    # The header, readable without torch, is not under the checksum: a damaged byte in it could rename
+    # a column the command line then reads. The body holds a checksummed copy (files written before
+    # it did have only the header's). Compared as JSON text, where NaN equals NaN.
+    if "metadata" in payload and json.dumps(payload["metadata"]) != json.dumps(metadata):
+        raise ValueError(f"{path} is damaged: the metadata in its header differ from their checksummed copy")
     build = _build_regressor if payload.get("kind") == "AlaCarteRegressor" else _build_model
     try:
         obj = build(payload["record"])
@@ -351,7 +357,7 @@ def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP 
         # A checksummed file this version cannot rebuild: written by another alacarte, or by hand.
         raise ValueError(f"{path} holds a model this alacarte ({__version__}) cannot rebuild "
                          f"({type(err).__name__}: {err})") from err
-    return obj, header.get("metadata", {})
+    return obj, metadata
 
 
 def load_model(path: str | os.PathLike) -> FeatureGP | ExactRBFGP | AlaCarteRegressor:

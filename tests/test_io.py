@@ -200,6 +200,21 @@ def test_bad_files_give_clear_errors(tmp_path):
     expect(future, f"format version {FORMAT_VERSION + 1} .*reads format version {FORMAT_VERSION}")
 
 
+def test_damaged_metadata_in_the_header_are_detected(tmp_path):
+    """The header is outside the body's checksum: a flipped bit in a column name ("x1" → "x3") loaded
+    as other metadata, which the command line would use to pick another column of the CSV."""
+    metadata = {"columns": ["x1", "x2"], "target": "y", "note": float("nan")}
+    path = save_model(fitted_model(), tmp_path / "m.alacarte", metadata=metadata)
+    good = path.read_bytes()
+    assert json.dumps(load_with_metadata(path)[1]) == json.dumps(metadata)
+    where = good.index(b'"x1"') + 2
+    flipped = bytearray(good)
+    flipped[where] ^= ord("1") ^ ord("3")
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="damaged: the metadata in its header differ from their checksummed copy"):
+        load_with_metadata(path)
+
+
 def test_checksummed_files_with_foreign_content_are_value_errors(tmp_path):
     """A file whose checksums match but whose content this version cannot rebuild (hand-made, or
     written by another alacarte of the same format version) is a ValueError, not a KeyError."""
