@@ -167,7 +167,10 @@ def as_tensor(value, name: str, dtype: torch.dtype | None = None, device: torch.
     if isinstance(value, Tensor):
         tensor = value
     else:
-        array = np.ascontiguousarray(_numeric_array(value, name))  # torch takes no negative strides
+        array = _numeric_array(value, name)
+        if not array.dtype.isnative:  # e.g. a big-endian .npy file, memory-mapped: torch takes native order only
+            array = array.astype(array.dtype.newbyteorder("="))
+        array = np.ascontiguousarray(array)  # torch takes no negative strides
         if not array.flags.writeable:  # a read-only memmap: torch wants memory it may write
             array = array.copy()
         tensor = torch.from_numpy(array)

@@ -190,6 +190,26 @@ def test_an_unstandardised_streamed_fit_refits_from_the_noise_the_in_memory_fit_
     assert torch.allclose(models[1].predict(x_test).mean, models[0].predict(x_test).mean, rtol=1e-8, atol=1e-8)
 
 
+def test_a_big_endian_memmap_trains_and_predicts_like_native_arrays(tmp_path):
+    """A .npy file written big-endian (another machine's, a FITS table's) memory-maps with a
+    non-native dtype, which torch refuses ("byte order different from the native byte order")."""
+    x, y, model = make_case()
+    state = copy.deepcopy(model.state_dict())
+    settings = dict(chunk_size=10, restarts=0, max_iter=3, progress=False)
+    alacarte.fit(model, x.numpy(), y.numpy(), **settings)
+    expected_state, expected = copy.deepcopy(model.state_dict()), model.predict(x[:9])
+    np.save(tmp_path / "x.npy", x.numpy().astype(">f8"))
+    np.save(tmp_path / "y.npy", y.numpy().astype(">f8"))
+    x_map, y_map = np.load(tmp_path / "x.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
+    assert not x_map.dtype.isnative
+    model.load_state_dict(state)
+    alacarte.fit(model, x_map, y_map, **settings)
+    for name, value in expected_state.items():
+        assert torch.equal(model.state_dict()[name], value), name
+    got = model.predict(x_map[:9])
+    assert torch.equal(got.mean, expected.mean) and torch.equal(got.variance, expected.variance)
+
+
 def test_cache_posterior_predicts_like_the_in_memory_posterior():
     x, y, model = make_case()
     alacarte.fit(model, x, y, restarts=0, max_iter=3, progress=False)
