@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ._checkpoint import checkpoint_path
 from ._validation import check_nonnegative_int, check_positive_int
 from .models import FeatureGP
 from .streaming import ChunkedData, as_chunked_data
@@ -193,6 +194,8 @@ def fit(
         rows = alacarte.distributed.shard(len(x))
         history = alacarte.distributed.fit(model, x[rows], y[rows], restarts=0, max_iter=200)
     """
+    if fit_kwargs.get("checkpoint") is not None:  # as alacarte.fit does: a bad path must not cost a pass over the rows
+        checkpoint_path(fit_kwargs["checkpoint"])
     check_identical_state(model, group)
     problem = None
     try:

@@ -79,6 +79,17 @@ def main() -> None:
                            restarts=0, max_iter=2, progress=False)
                 except Exception as err:
                     result[case] = f"{type(err).__name__}: {err}"
+            reads = []  # a checkpoint path that cannot be written is refused before any row is read
+
+            class Chunks:
+                def __iter__(self):
+                    reads.append(1)
+                    yield x[rows], y[rows]
+
+            try:
+                ad.fit(model, Chunks(), checkpoint=os.path.join(out_dir, "missing", "fit.ckpt"), progress=False)
+            except ValueError as err:
+                result["path"] = (str(err), len(reads))
             raise SystemExit
         if scenario == "augmented":  # rank 1's rows change between the two passes of an evaluation
             source = AugmentedChunks(x[rows], y[rows], 1e-6 if rank == 1 else 0.0)

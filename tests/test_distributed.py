@@ -142,6 +142,9 @@ def test_rows_that_fail_when_read_on_one_process_make_every_process_raise_a_valu
         assert "ValueError: rank(s) 1 cannot train on their rows" in results[0].get(case, ""), results[0]
         assert "(rank 1) cannot train on its rows: " in results[1].get(case, "") and message in results[1][case], \
             results[1]
+    for r in (0, 1):
+        message, reads = results[r]["path"]
+        assert "does not exist" in message and reads == 0, results[r]
 
 
 def test_rows_that_change_between_passes_on_one_process_make_every_process_raise(tmp_path):
