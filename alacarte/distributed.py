@@ -186,7 +186,10 @@ def fit(
     :func:`check_identical_state`, statistics and gradients are summed over
     the processes, so every process takes the same steps and ends with the
     same parameters and posterior (over all rows).  Restarts initialise from
-    rank 0's first rows.  The progress bar shows on rank 0 only.
+    rank 0's first rows.  The progress bar shows on rank 0 only.  Every process
+    first reads its rows once, so that bad rows on any process (non-finite
+    values, another column count, none at all) make every process raise a
+    ``ValueError``.
 
     Example (inside a ``torchrun`` script, see the module docstring)::
 
