@@ -25,6 +25,8 @@ import torch
 from scipy.linalg import blas as scipy_blas
 from torch import Tensor
 
+from .ops.autograd import differentiable_backward
+
 __all__ = [
     "NotPositiveDefiniteError",
     "SufficientStatistics",
@@ -54,9 +56,10 @@ _BLAS_PREFIX = {torch.float64: "d", torch.float32: "s"}
 
 
 def _gram(phi: Tensor, of_rows: bool = False) -> Tensor:
-    """ΦᵀΦ (D×D), or ΦΦᵀ (n×n) with ``of_rows``; on the CPU by BLAS syrk (half a GEMM)."""
+    """ΦᵀΦ (D×D), or ΦΦᵀ (n×n) with ``of_rows``; on the CPU by BLAS syrk (half a GEMM), except
+    where autograd is to record it (second derivatives)."""
     routines = _blas_routines(phi)
-    if routines is None:
+    if routines is None or (torch.is_grad_enabled() and phi.requires_grad):
         return phi @ phi.transpose(-1, -2) if of_rows else phi.transpose(-1, -2) @ phi
     syrk, _ = routines
     # A C-ordered n×D array is the Fortran-ordered D×n matrix Φᵀ: no copy; trans=1 gives ΦΦᵀ.
@@ -91,10 +94,16 @@ class _GramAndProjection(torch.autograd.Function):
         return _gram(phi), phi_r
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_gram: Tensor | None, grad_phi_r: Tensor | None):  # noqa: D102
         phi, r = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the closed form below builds no graph
+            return differentiable_backward(_gram_and_projection_composed, (phi, r), ctx.needs_input_grad,
+                                           (grad_gram, grad_phi_r))
         return statistics_adjoint(phi, r, grad_gram, grad_phi_r, None, need_grad_r=ctx.needs_input_grad[1])
+
+
+def _gram_and_projection_composed(phi: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    return _gram(phi), (r.unsqueeze(-2) @ phi).squeeze(-2)
 
 
 def statistics_adjoint(
@@ -268,24 +277,24 @@ class _RowsNegativeLogMarginalLikelihood(torch.autograd.Function):
         \frac{∂ℓ}{∂σ²} = ½(\operatorname{tr}K^{-1} − ‖α‖²):
 
     one ``cholesky_inverse`` and one symmetric n×n by n×D product, like the
-    D×D path's adjoint with the roles of n and D exchanged.
+    D×D path's adjoint with the roles of n and D exchanged.  Under
+    ``create_graph=True`` (second derivatives) the backward differentiates the
+    forward's own operations instead.
     """
 
     @staticmethod
     def forward(ctx, phi: Tensor, r: Tensor, noise: Tensor) -> Tensor:  # noqa: D102
-        n = phi.shape[-2]
-        factor = cholesky_with_jitter(_shifted(_gram(phi, of_rows=True), noise))
-        whitened = torch.linalg.solve_triangular(factor, r.unsqueeze(-1), upper=False)
-        alpha = torch.linalg.solve_triangular(factor.transpose(-1, -2), whitened, upper=True).squeeze(-1)
-        quad = whitened.squeeze(-1).pow(2).sum(-1)
-        ctx.save_for_backward(phi, factor, alpha)
+        value, factor, alpha = _rows_terms(phi, r, noise)
+        ctx.save_for_backward(phi, r, noise, factor, alpha)
         ctx.noise_shape = noise.shape
-        return 0.5 * quad + factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * n * math.log(2 * math.pi)
+        return value
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):  # noqa: D102
-        phi, factor, alpha = ctx.saved_tensors
+        phi, r, noise, factor, alpha = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the closed form below builds no graph
+            return differentiable_backward(lambda *inputs: _rows_terms(*inputs)[0], (phi, r, noise),
+                                           ctx.needs_input_grad, (grad,))
         grads = [None, None, None]
         inverse = torch.cholesky_inverse(factor) if ctx.needs_input_grad[0] or ctx.needs_input_grad[2] else None
         if ctx.needs_input_grad[0]:
@@ -297,6 +306,17 @@ class _RowsNegativeLogMarginalLikelihood(torch.autograd.Function):
             trace = inverse.diagonal(dim1=-2, dim2=-1).sum(-1)
             grads[2] = _sum_to_shape(0.5 * grad * (trace - alpha.pow(2).sum(-1)), ctx.noise_shape)
         return tuple(grads)
+
+
+def _rows_terms(phi: Tensor, r: Tensor, noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """−log p(y) through K = ΦΦᵀ + σ²I, with chol(K) and α = K⁻¹r."""
+    n = phi.shape[-2]
+    factor = cholesky_with_jitter(_shifted(_gram(phi, of_rows=True), noise))
+    whitened = torch.linalg.solve_triangular(factor, r.unsqueeze(-1), upper=False)
+    alpha = torch.linalg.solve_triangular(factor.transpose(-1, -2), whitened, upper=True).squeeze(-1)
+    quad = whitened.squeeze(-1).pow(2).sum(-1)
+    value = 0.5 * quad + factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) + 0.5 * n * math.log(2 * math.pi)
+    return value, factor, alpha
 
 
 def _sum_to_shape(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -322,26 +342,25 @@ class _NegativeLogMarginalLikelihood(torch.autograd.Function):
     Autograd through the Cholesky factorisation and the triangular solve costs
     several D³ products in the backward pass; this costs one ``cholesky_inverse``
     (for small n, the D³ terms dominate a training step, so this halves it).
+    Under ``create_graph=True`` (second derivatives) the backward differentiates
+    the forward's own operations instead.
     """
 
     @staticmethod
     def forward(ctx, gram: Tensor, phi_r: Tensor, r_r: Tensor, noise: Tensor, n: int) -> Tensor:  # noqa: D102
-        num_features = gram.shape[-1]
-        factor = cholesky_with_jitter(_shifted(gram, noise))
-        alpha = torch.linalg.solve_triangular(factor, phi_r.unsqueeze(-1), upper=False)
-        weights = torch.linalg.solve_triangular(factor.transpose(-1, -2), alpha, upper=True).squeeze(-1)
-        alpha = alpha.squeeze(-1)
-        residual = r_r - (alpha * alpha).sum(-1)  # rᵀr − (Φᵀr)ᵀA⁻¹Φᵀr ≥ 0
-        logdet = 2 * factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) + (n - num_features) * noise.log()
-        ctx.save_for_backward(factor, weights, residual, noise)
+        value, factor, weights, residual = _statistics_terms(gram, phi_r, r_r, noise, n)
+        ctx.save_for_backward(gram, phi_r, r_r, noise, factor, weights, residual)
         ctx.n = n
         ctx.shapes = (gram.shape, phi_r.shape, r_r.shape, noise.shape)
-        return 0.5 * (residual / noise + logdet + n * math.log(2 * math.pi))
+        return value
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):  # noqa: D102
-        factor, weights, residual, noise = ctx.saved_tensors
+        gram, phi_r, r_r, noise, factor, weights, residual = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the closed form below builds no graph
+            grads = differentiable_backward(lambda *inputs: _statistics_terms(*inputs, ctx.n)[0],
+                                            (gram, phi_r, r_r, noise), ctx.needs_input_grad[:4], (grad,))
+            return (*grads, None)
         gram_shape, phi_r_shape, r_r_shape, noise_shape = ctx.shapes
         num_features = factor.shape[-1]
         half = 0.5 * grad
@@ -361,6 +380,19 @@ class _NegativeLogMarginalLikelihood(torch.autograd.Function):
             d_noise = trace + ((weights * weights).sum(-1) - residual / noise + ctx.n - num_features) / noise
             grads[3] = _sum_to_shape(half * d_noise, noise_shape)
         return (*grads, None)
+
+
+def _statistics_terms(gram: Tensor, phi_r: Tensor, r_r: Tensor, noise: Tensor, n: int
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """−log p(y) from the statistics, with chol(A), w = A⁻¹Φᵀr and rᵀr − (Φᵀr)ᵀw."""
+    num_features = gram.shape[-1]
+    factor = cholesky_with_jitter(_shifted(gram, noise))
+    alpha = torch.linalg.solve_triangular(factor, phi_r.unsqueeze(-1), upper=False)
+    weights = torch.linalg.solve_triangular(factor.transpose(-1, -2), alpha, upper=True).squeeze(-1)
+    alpha = alpha.squeeze(-1)
+    residual = r_r - (alpha * alpha).sum(-1)  # rᵀr − (Φᵀr)ᵀA⁻¹Φᵀr ≥ 0
+    logdet = 2 * factor.diagonal(dim1=-2, dim2=-1).log().sum(-1) + (n - num_features) * noise.log()
+    return 0.5 * (residual / noise + logdet + n * math.log(2 * math.pi)), factor, weights, residual
 
 
 class WoodburyPosterior:

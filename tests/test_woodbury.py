@@ -98,3 +98,46 @@ def test_gradcheck_of_fourier_features():
     for scale_shape in ((1, 1), (2, 1, 1), (1, 4), (2, 1, 4)):
         scale = (torch.rand(*scale_shape, dtype=torch.float64) + 0.5).requires_grad_()
         assert torch.autograd.gradcheck(fourier_features, (proj, scale))
+
+
+def test_second_derivatives_of_both_forms():
+    """Hessians (create_graph=True) differentiate the forward's own operations: gradgradcheck
+    of the statistics (ΦᵀΦ, Φᵀr), the D×D form and the n×n form."""
+    phi = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    r = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    noise = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    stats = lambda p, q, s: negative_log_marginal_likelihood(sufficient_statistics(p, q), s)  # noqa: E731
+    assert torch.autograd.gradgradcheck(stats, (phi, r, noise))
+    assert torch.autograd.gradgradcheck(lambda p, q, s: negative_log_marginal_likelihood_of_rows(p.T, q[:4], s),
+                                        (phi, r, noise))
+
+
+@pytest.mark.parametrize("n", [40, 6])  # the D×D path and, below D = 16, the n×n one
+def test_hessian_of_the_model_loss_equals_the_dense_gaussians(n):
+    """The Hessian of the Woodbury loss in a kernel's raw lengthscales and the noise, against
+    autograd's Hessian of −log N(y; 0, ΦΦᵀ + σ²I) built from the same features (the closed-form
+    backwards used to be taken as constants there)."""
+    from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood
+
+    torch.manual_seed(0)
+    x = torch.randn(n, 3, dtype=torch.float64)
+    y = torch.sin(x[:, 0]) + 0.1 * torch.randn(n, dtype=torch.float64)
+    kernel = FSARDKernel(3, 8, ard_num_dims=3, seed=0).double()
+    model = FeatureGP(x, y, kernel).double()
+    model.train()
+    with torch.no_grad():
+        kernel.raw_lengthscale += 0.3
+        model.likelihood.noise_covar.raw_noise -= 1.0
+    params = [kernel.raw_lengthscale, model.likelihood.noise_covar.raw_noise]
+
+    def hessian(loss):
+        grads = torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, create_graph=True)])
+        return torch.stack([torch.cat([h.flatten() for h in torch.autograd.grad(g, params, retain_graph=True)])
+                            for g in grads])
+
+    ours = hessian(-WoodburyMarginalLogLikelihood(model.likelihood, model)(model(x), y) * n)
+    phi = kernel.features(x)
+    covariance = phi @ phi.T + model.likelihood.noise * torch.eye(n, dtype=torch.float64)
+    theirs = hessian(-torch.distributions.MultivariateNormal(torch.zeros(n, dtype=torch.float64), covariance)
+                     .log_prob(y))
+    assert torch.allclose(ours, theirs, rtol=1e-8, atol=1e-9), (ours, theirs)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..ops.autograd import differentiable_backward
 from ..ops.fwht import apply_plan, chunk_rows, fwht, holding_workspaces, plan_for, workspace
 
 __all__ = [
@@ -180,16 +181,8 @@ class _FastfoodFWHT(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # noqa: D102
-        if torch.is_grad_enabled():
-            # create_graph=True (a Hessian, a gradient of a gradient): the fused backward below builds no
-            # graph, and once_differentiable did not stop autograd from treating its result as a constant
-            # in x, B, G and S (second derivatives silently wrong), so differentiate the composition.
-            x, sign, gauss, scale, perm = ctx.saved_tensors
-            needs = ctx.needs_input_grad[:4]
-            inputs = [t for t, need in zip((x, sign, gauss, scale), needs) if need]
-            grads = iter(torch.autograd.grad(_composed_project(x, sign, gauss, scale, perm), inputs, grad,
-                                             create_graph=True))
-            return (*(next(grads) if need else None for need in needs), None)
+        if torch.is_grad_enabled():  # create_graph=True: the fused backward builds no graph
+            return differentiable_backward(_composed_project, ctx.saved_tensors, ctx.needs_input_grad, (grad,))
         return _FastfoodFWHT._fused_backward(ctx, grad)
 
     @staticmethod
