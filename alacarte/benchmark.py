@@ -606,7 +606,10 @@ class PaperValue(NamedTuple):
 
 def load_paper(path: str | os.PathLike) -> dict:
     """The paper's table: (dataset, method) → its printed mean RMSE and ± ."""
-    rows = read_rows(path) if os.path.isfile(path) else []
+    if not os.path.isfile(path):  # e.g. the default, from an installed copy: the table is not package data
+        raise ValueError(f"--paper {path}: no such file (the paper's table is experiments/paper_table1.csv in "
+                         "alacarte's source tree; pass its path)")
+    rows = read_rows(path)
     try:
         table = {(r["dataset"], r["method"]): PaperValue(float(r["rmse_mean"]), float(r["rmse_std"]),
                                                          len(r["rmse_mean"].partition(".")[2]))

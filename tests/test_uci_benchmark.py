@@ -610,8 +610,11 @@ def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(t
     assert "gm restarts=0 components=1" in header and "gm restarts=2 components=4" in header and "| pwl |" in header
     assert "1 ± 0 [2]" in text and "2 ± 0 [2]" in text
     assert any(line.startswith("| concrete | — |") and "timeout" in line for line in text.splitlines())
-    with pytest.raises(ValueError, match="--paper .*missing.csv: not a table of the paper's values"):
-        table(paper=str(tmp_path / "missing.csv"))
+    with pytest.raises(ValueError, match="--paper .*missing.csv: no such file .*experiments/paper_table1.csv"):
+        table(paper=str(tmp_path / "missing.csv"))  # (the default, from an installed copy)
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="--paper .*other.csv: not a table of the paper's values"):
+        table(paper=str(tmp_path / "other.csv"))
 
 
 def test_a_report_without_paper_columns_is_a_well_formed_table(tmp_path):
