@@ -140,13 +140,6 @@ def check_bool(value, name: str) -> bool:
     return bool(value)
 
 
-def check_positive_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
 def _numeric_array(value, name: str) -> np.ndarray:
     array = np.asarray(value)
     if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):

@@ -46,7 +46,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
-from ._validation import check_nonnegative_int, check_positive_float, check_positive_int
+from ._validation import check_nonnegative_int, check_positive_int, check_real
 from .datasets.uci import UCI_NUM_SPLITS
 from .training import noise_at_bound
 
@@ -488,8 +488,8 @@ def _check_settings(args: argparse.Namespace) -> None:
     if args.limit is not None:
         check_nonnegative_int(args.limit, "--limit")
     if args.time_budget is not None:
-        check_positive_float(args.time_budget, "--time-budget")
-    if check_positive_float(args.noise_floor, "--noise-floor") >= 1:
+        check_real(args.time_budget, "--time-budget", 0)
+    if check_real(args.noise_floor, "--noise-floor", 0) >= 1:
         raise ValueError(f"--noise-floor must be below 1, the standardised targets' variance, got {args.noise_floor!r}")
     if args.components != "auto":
         try:

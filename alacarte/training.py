@@ -19,8 +19,8 @@ from ._checkpoint import FitCheckpoint, checkpoint_path, data_fingerprint, model
 from ._validation import (
     check_learnable_targets,
     check_nonnegative_int,
-    check_positive_float,
     check_positive_int,
+    check_real,
     check_seed,
 )
 from .init import initialize, set_noise
@@ -485,7 +485,7 @@ def fit(
     if restarts:
         restart_iter = check_positive_int(restart_iter, "restart_iter")
     if lr is not None:
-        lr = check_positive_float(lr, "lr")
+        lr = check_real(lr, "lr", 0)
     if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
     seed = check_seed(seed)

@@ -476,14 +476,14 @@ def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp
 
 
 @pytest.mark.parametrize("setting, message", [
-    (["--time-budget", "-1"], "--time-budget must be a positive finite number"),
+    (["--time-budget", "-1"], "--time-budget must be a finite number in (0, inf)"),
     (["--workers", "0"], "--workers must be a positive integer"),
     (["--num-samples", "0"], "--num-samples must be a positive integer"),
     (["--max-iter", "0"], "--max-iter must be a positive integer"),
     (["--threads", "0"], "--threads must be a positive integer"),
     (["--components", "x"], "--components must be 'auto' or a positive integer"),
-    (["--noise-floor", "0"], "--noise-floor must be a positive finite number"),
-    (["--noise-floor", "nan"], "--noise-floor must be a positive finite number"),
+    (["--noise-floor", "0"], "--noise-floor must be a finite number in (0, inf)"),
+    (["--noise-floor", "nan"], "--noise-floor must be a finite number in (0, inf)"),
     (["--noise-floor", "1"], "--noise-floor must be below 1, the standardised targets' variance"),
 ])
 def test_settings_no_cell_could_run_with_are_refused_before_any_cell_runs(tmp_path, capsys, setting, message):
