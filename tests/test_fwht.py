@@ -172,3 +172,41 @@ def test_threads_do_not_share_scratch():
     for t in threads:
         t.join()
     assert wrong == [0, 0]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_child_forked_while_another_thread_transforms_can_transform():
+    """The workspace lock is not inherited held: a child forked (a DataLoader worker, say) while another
+    thread held it waited forever at its first transform (5 of 5 children hung)."""
+    import multiprocessing
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with ops._WORKSPACE_LOCK:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_transform_into, args=(queue,))
+        child.start()
+        child.join(30)
+        hung = child.is_alive()
+        if hung:
+            child.kill()
+            child.join()
+    finally:
+        release.set()
+        holder.join()
+    assert not hung
+    assert queue.get(timeout=5) == 4.0  # the sum of H_4
+
+
+def _transform_into(queue):
+    queue.put(float(fwht(torch.eye(4, dtype=torch.float64)).sum()))

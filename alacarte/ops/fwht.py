@@ -27,6 +27,7 @@ block-diagonal ``I ⊗ H_p`` (16 columns wide) or with ``H_p`` itself.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import torch
@@ -79,6 +80,17 @@ _WORKSPACES: dict[tuple, Tensor] = {}
 # scratch (wrong numbers, silently).  A lock rather than per-thread buffers: on a GPU a workspace holds
 # the whole input, and autograd's device threads would duplicate it.
 _WORKSPACE_LOCK = threading.RLock()
+
+
+def _new_lock_after_fork() -> None:
+    # A child forked (e.g. a DataLoader worker) while another thread of its parent held the lock
+    # would inherit it held, by a thread it does not have: its first transform would wait forever.
+    global _WORKSPACE_LOCK
+    _WORKSPACE_LOCK = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def holding_workspaces(fn):
