@@ -197,11 +197,13 @@ def fit(
         rows = alacarte.distributed.shard(len(x))
         history = alacarte.distributed.fit(model, x[rows], y[rows], restarts=0, max_iter=200)
     """
-    if fit_kwargs.get("checkpoint") is not None:  # as alacarte.fit does: a bad path must not cost a pass over the rows
-        checkpoint_path(fit_kwargs["checkpoint"])
     check_identical_state(model, group)
     problem = None
     try:
+        # Before the pass over the rows (as alacarte.fit does: a bad path must not cost one), and inside the
+        # agreement: refused on one process alone, the others failed on a closed connection.
+        if fit_kwargs.get("checkpoint") is not None:
+            checkpoint_path(fit_kwargs["checkpoint"])
         if isinstance(x, ChunkedData):  # as alacarte.fit takes it, summed over the group
             data = copy.copy(as_chunked_data(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
                                              statistics_dtype=statistics_dtype))

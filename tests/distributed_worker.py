@@ -91,6 +91,13 @@ def main() -> None:
             except ValueError as err:
                 result["path"] = (str(err), len(reads))
             raise SystemExit
+        if scenario == "checkpoint on one":  # only rank 1's checkpoint path cannot be written
+            name = os.path.join(out_dir, "missing" if rank == 1 else "", f"fit{rank}.ckpt")
+            try:
+                ad.fit(model, x[rows], y[rows], checkpoint=name, restarts=0, max_iter=2, progress=False)
+            except Exception as err:
+                result["error"] = f"{type(err).__name__}: {err}"
+            raise SystemExit
         if scenario == "augmented":  # rank 1's rows change between the two passes of an evaluation
             source = AugmentedChunks(x[rows], y[rows], 1e-6 if rank == 1 else 0.0)
             streamed_negative_mll(model.train(), ChunkedData(source, chunk_size=7, distributed=True))

@@ -147,6 +147,14 @@ def test_rows_that_fail_when_read_on_one_process_make_every_process_raise_a_valu
         assert "does not exist" in message and reads == 0, results[r]
 
 
+def test_a_checkpoint_path_refused_on_one_process_makes_every_process_raise_a_value_error(tmp_path):
+    """Checked outside the processes' agreement on errors, a checkpoint path refused on rank 1 alone (another
+    machine's file system) left rank 0 to fail on a closed connection (RuntimeError)."""
+    results, _ = _launch("checkpoint on one", tmp_path)
+    assert "ValueError: rank(s) 1 cannot train" in results[0].get("error", ""), results[0]
+    assert "ValueError: " in results[1].get("error", "") and "does not exist" in results[1]["error"], results[1]
+
+
 def test_rows_that_change_between_passes_on_one_process_make_every_process_raise(tmp_path):
     results, _ = _launch("augmented", tmp_path)
     for r in (0, 1):
