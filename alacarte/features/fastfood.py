@@ -280,9 +280,11 @@ def choose_strategy(num_dims: int) -> str:
     """The faster of the two equivalent execution paths for inputs of dimension d.
 
     Rule: ``"dense"`` (materialise V, one GEMM) for ``d ≤ DENSE_MAX_DIM`` (512),
-    ``"fwht"`` above.  Both paths scale linearly in M, and the measured cut-over
-    (``experiments/results/features.md``, cut-over sweep, 2-core AVX-512 CPU)
-    lies between d = 512 and the next padded size for float32 and float64 alike.
+    ``"fwht"`` above.  Both paths scale linearly in M.  One threshold for both dtypes
+    is a compromise: in the measured cut-over sweep (``experiments/results/features.md``,
+    n = 9000, M = 4096, 2-core AVX-512 CPU) dense is the faster up to d = 256 in both,
+    but in float32 the FWHT path was already 1.2× faster at d = 385 and 512, and in
+    float64 dense was still the faster at d = 768 (0.71×).
     """
     return "dense" if num_dims <= DENSE_MAX_DIM else "fwht"
 

@@ -66,8 +66,8 @@ class FastfoodRBFKernel(FeatureKernel):
         num_samples: number of frequencies ``M`` (``D = 2M`` features).
         seed: seed of the random state; ``None`` draws one from torch's RNG.
         strategy: ``"fwht"`` (two transforms per block), ``"dense"`` (materialise
-            the M×d frequency matrix, one GEMM) or ``"auto"`` (the faster one for
-            this ``d``); all give the same features to round-off.
+            the M×d frequency matrix, one GEMM) or ``"auto"`` (chosen by ``d``:
+            :func:`~alacarte.features.fastfood.choose_strategy`); all give the same features to round-off.
 
     Example:
         >>> kernel = FastfoodRBFKernel(num_dims=8, num_samples=1024, ard_num_dims=8, seed=0)
@@ -169,5 +169,5 @@ class FastfoodMixtureKernel(MixtureFeatureKernel):
             self.register_buffer("radius", radius)
 
     def execution_strategy(self) -> str:
-        """``"dense"`` or ``"fwht"``: the configured one, or the faster for this input size."""
+        """``"dense"`` or ``"fwht"``: the configured one, or ``choose_strategy``'s for this input size."""
         return choose_strategy(self.num_dims) if self.strategy == "auto" else self.strategy
