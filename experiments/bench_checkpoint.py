@@ -15,7 +15,9 @@ equal: a checkpoint must not change the fit.
 
 Usage::
 
-    python experiments/bench_checkpoint.py [--data ../shared/uci] [--out experiments/results/checkpoint.md]
+    python experiments/bench_checkpoint.py [--data ../shared/uci] [--out PATH]
+
+writes experiments/results/checkpoint.md unless ``--out`` says otherwise (and prints it).
 """
 from __future__ import annotations
 
@@ -82,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None)
     parser.add_argument("--max-iter", type=int, default=100)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
@@ -90,7 +92,7 @@ def main() -> None:
     lines = [
         "# What a fit checkpoint costs",
         "",
-        f"Command: `python experiments/bench_checkpoint.py{' --max-iter ' + str(args.max_iter) if args.max_iter != 100 else ''}`",
+        f"Command: `{' '.join(['python', 'experiments/bench_checkpoint.py', *sys.argv[1:]])}`",
         "",
         f"alacarte {package_version()}, torch {torch.__version__}, {platform.machine()}, 1 torch thread. Split 0 of each dataset, the UCI "
         f"benchmark's protocol (M = 512, D = 1024; 5 restarts × 15 L-BFGS iterations, then {args.max_iter}), "
