@@ -5,10 +5,13 @@ the SRFF paper's Tables 2–6 beside them, exact-selection rates) and
 experiments/results/selection_relevance.png (median relevance over replications,
 like the SRFF paper's Fig. 1).
 
-    python experiments/selection_report.py
+    python experiments/selection_report.py [--out experiments/results/selection.md]
+
+(the figure goes beside ``--out``; any other argument is an error, and ``--help`` writes nothing).
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import sys
 from collections import defaultdict
@@ -41,7 +44,11 @@ def method_key(m: str) -> tuple:
     return (ORDER.index(m) if m in ORDER else len(ORDER), m)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "selection.md",
+                        help="markdown file to write; selection_relevance.png goes beside it")
+    out = parser.parse_args(argv).out
     rows = load_rows()
     paper = load_paper()
     cells = defaultdict(list)
@@ -105,13 +112,13 @@ def main() -> None:
                 lines.append(f"| {m} | {ours} | {ref_text} | {ratio} | {exact} | {mass} | {seconds:.0f} |")
             lines.append("")
     lines += goals(cells, paper)
-    figure = relevance_figure(cells)
+    figure = relevance_figure(cells, out.with_name("selection_relevance.png"))
     if figure:
         lines += ["## Learned relevances", "", f"![median relevance]({figure.name})", "",
                   "Median over replications of the relevance vector (π = γ/c for SRFF and the simplex GP),",
                   "relevant inputs in orange — compare the SRFF paper's Fig. 1.", ""]
-    (RESULTS / "selection.md").write_text("\n".join(lines))
-    print(f"wrote {RESULTS / 'selection.md'}")
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}")
 
 
 def goals(cells, paper) -> list[str]:
@@ -142,7 +149,7 @@ def goals(cells, paper) -> list[str]:
     return out + [""]
 
 
-def relevance_figure(cells) -> Path | None:
+def relevance_figure(cells, path: Path) -> Path | None:
     try:
         import matplotlib
 
@@ -170,7 +177,6 @@ def relevance_figure(cells) -> Path | None:
         ax.set_xlim(0.5, min(d, 40) + 0.5 if problem == "se3" else d + 0.5)
     axes[-1, 0].set_xlabel("input (1-indexed; SE3 shows the first 40 of 1000)")
     fig.tight_layout()
-    path = RESULTS / "selection_relevance.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
