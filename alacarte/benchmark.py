@@ -54,7 +54,7 @@ __all__ = ["METHODS", "main", "run", "report"]
 
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
           "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version",
-          "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor", "restart_iter"]
+          "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor", "restart_iter", "machine"]
 # (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
 # The columns the report reads in every row (results files written before the others existed lack those).
 # The numbers the report reads from every finished row, and how each parses.
@@ -151,7 +151,25 @@ def _run_cell(cell: tuple) -> dict:
                 device=f"cuda: {torch.cuda.get_device_name(device)}" if on_gpu else device.type,
                 peak_device_mb=round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if on_gpu else "",
                 noise=float(model.likelihood.noise.detach().min()),
-                noise_floor=float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound))
+                noise_floor=float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound),
+                machine=machine_description(cfg["threads"]))
+
+
+def machine_description(threads: int) -> str:
+    """The CPU a cell ran on, as far as its round-off goes: the model name, the vector instruction set
+    ATen's kernels dispatch to, and the threads it used.  A fit that stops at max_iter can reproduce only
+    to ~1e-5–1e-2 elsewhere (the same code gave concreteslump FSGBARD split 0 a test RMSE of 3.0330 in
+    uci_full.csv and 3.0116 on this machine later; fertility FSARD 0.145166 → 0.145167), so the rows
+    say where they were computed."""
+    import platform
+
+    import torch
+
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+        model = found.group(1).strip() if found else model
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()}, {threads} thread{'s' if threads != 1 else ''})"
 
 
 def peak_rss_mb() -> float:

@@ -42,9 +42,10 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert len(results(whole)) == 4
     assert results(resumed) == results(whole)
     assert list((tmp_path / "whole.checkpoints").iterdir()) == []  # every cell's checkpoint went with its row
-    for row in map(dict, results(whole)):  # how each fit ended is recorded with it
+    for row in map(dict, results(whole)):  # how each fit ended is recorded with it, and where
         assert int(row["iterations"]) >= 1 and row["converged"] in ("True", "False")
         assert float(row["noise_floor"]) == 1e-4 and float(row["noise"]) > 1e-4
+        assert row["machine"].endswith(f"({torch.backends.cpu.get_cpu_capability()}, 1 thread)")
     report = subprocess.run([sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "report", "--csv",
                              str(whole)], check=True, capture_output=True, text=True, timeout=60).stdout
     assert "| yacht |" in report and "0.13 ± 0.06" in report  # the paper's FSARD value beside ours
