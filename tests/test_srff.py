@@ -278,3 +278,16 @@ def test_derivative_selector_predicts_as_it_was_fitted():
     model = DerivativeSelector(tau=1e-3, max_iter=200, refit=False).fit(x, y)
     before = model.predict(x)
     assert np.array_equal(model.set_params(refit=True).predict(x), before) and not model.refit_
+
+
+def test_srff_fits_targets_of_huge_magnitude():
+    """y_scale**2 as a Python float raised OverflowError for |y| above ~1e154 (y·1e155), although the
+    fit itself runs on standardised targets; RFFNetRegressor fits the same data."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 3))
+    y = np.sin(x[:, 0]) + 0.1 * rng.standard_normal(40)
+    small = SRFFRegressor(**SMALL).fit(x, y)
+    huge = SRFFRegressor(**SMALL).fit(x, y * 1e200)
+    np.testing.assert_array_equal(huge.selected_, small.selected_)
+    np.testing.assert_allclose(huge.predict(x[:5]), small.predict(x[:5]) * 1e200, rtol=1e-9)
+    assert np.all(np.isinf(huge.validation_mse_))  # the MSE in the target's units is beyond float64

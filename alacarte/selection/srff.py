@@ -316,7 +316,10 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
                     if self.path_patience is not None and since_best >= self.path_patience:
                         break
             _, gamma, coef, self.alpha_, self.n_iter_ = best
-            self.validation_mse_ = np.array(scores) * y_scale**2
+            # (numpy, not Python floats: y_scale**2 overflows for targets above ~1e154, where the MSE in
+            # the target's units is inf but the standardised fit is fine)
+            with np.errstate(over="ignore"):
+                self.validation_mse_ = np.array(scores) * np.float64(y_scale) ** 2
             self.alphas_ = self.alphas_[: len(scores)]  # the λ walked: the path may stop early
         self.gamma_ = np.zeros(d)
         self.gamma_[varying] = gamma.numpy()
