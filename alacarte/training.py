@@ -108,7 +108,7 @@ class _Optimization:
         self.model, self.x, self.y = model, x, y
         self.lbfgs, self.max_iter, self.tolerance, self.bar = optimizer == "lbfgs", max_iter, tolerance, bar
         # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
-        self.simplex = SimplexStep(model)
+        self.simplex = SimplexStep(model, inputs=x)
         params = [p for p in model.parameters() if p.requires_grad and not self.simplex.owns(p)]
         self.opt = _make_optimizer(params, optimizer, lr) if params else None  # (None: π alone is trained)
         self.iteration = 0

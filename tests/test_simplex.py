@@ -379,3 +379,22 @@ def test_selected_leaves_out_weights_at_round_off():
     assert kernel.selected().tolist() == [0, 1, 2]  # 1e-12 is no round-off in float64 (ε = 2.2e-16)
     wide = ac.FSARDKernel(4096, 8, ard_num_dims=4096, simplex=True, seed=0)  # uniform π = 2.4e-4 each
     assert len(wide.selected()) == 4096  # a threshold growing with d (d·ε = 4.9e-4) dropped them all
+
+
+def test_a_constant_input_gets_no_simplex_weight(single_thread):
+    """A constant column is zeros once centred, so its π_j gets no gradient; left free, the
+    projection's shift poured into it the mass the other inputs gave up (a slack lowering their
+    total below c): with c = 3 fixed, y = sin(2x₀) + x₁²/2 (4 inputs, n = 200) and a fifth,
+    constant input, π of the constant input came out 0.50, the largest of all. It is held at 0."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 4))
+    y = np.sin(2 * x[:, 0]) + x[:, 1] ** 2 / 2 + 0.05 * rng.standard_normal(200)
+    x = np.column_stack([x, np.full(200, 1.5)])
+    kernel = ac.FSARDKernel(5, 32, ard_num_dims=5, simplex=True, simplex_size=3.0, learn_simplex_size=False,
+                            seed=0).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=30, restarts=0, progress=False)
+    pi = kernel.simplex_weights.detach().ravel()
+    assert float(pi[4]) == 0.0 and abs(float(pi.sum()) - 1.0) <= 1e-12
+    assert float(pi[[0, 1]].sum()) >= 0.95
+    assert 4 not in kernel.selected().tolist()

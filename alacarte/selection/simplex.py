@@ -62,6 +62,13 @@ def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
     return (v - theta).clamp_min(0)
 
 
+def _masked_projection(v: Tensor, mask: Tensor, size: float | Tensor) -> Tensor:
+    """The projection onto {w ≥ 0, Σ w = size, w_j = 0 where ``mask`` is False} (mask over the last dim)."""
+    out = torch.zeros_like(v)
+    out[..., mask] = project_to_simplex(v[..., mask], size)
+    return out
+
+
 class MonotoneFISTA:
     r"""Accelerated projected gradient on a scaled simplex, made monotone by restarts.
 
@@ -93,10 +100,19 @@ class MonotoneFISTA:
 
     max_backtracks = 40
 
-    def __init__(self, size: float = 1.0, step_size: float = 1.0):
+    def __init__(self, size: float = 1.0, step_size: float = 1.0, masks: list[Tensor | None] | None = None):
         self.size = size
         self.step_size = step_size
+        # Per iterate tensor, None or a boolean mask over its last dimension: the entries allowed to be
+        # non-zero (the others are held at exactly 0 and the simplex is that of the masked entries).
+        self.masks = masks
         self.restart()
+
+    def project(self, values: list[Tensor]) -> list[Tensor]:
+        """Each tensor projected onto its simplex (of the entries its mask allows)."""
+        masks = self.masks or [None] * len(values)
+        return [project_to_simplex(v, self.size) if m is None else _masked_projection(v, m, self.size)
+                for v, m in zip(values, masks)]
 
     def restart(self) -> None:
         self.momentum = 1.0  # t_k
@@ -131,7 +147,7 @@ class MonotoneFISTA:
         trial, trial_value = point, math.nan
         for _ in range(self.max_backtracks):
             with torch.no_grad():
-                trial = [project_to_simplex(w - s * g, self.size) for w, g in zip(point, grads)]
+                trial = self.project([w - s * g for w, g in zip(point, grads)])
                 moved = [u - w for u, w in zip(trial, point)]
                 gap = sum(float((m * m).sum()) for m in moved)
                 linear = sum(float((g * m).sum()) for g, m in zip(grads, moved))
@@ -168,12 +184,17 @@ class SimplexStep:
     re-evaluated at the start of each call.
     """
 
-    def __init__(self, model: torch.nn.Module, step_size: float = 1.0):
+    def __init__(self, model: torch.nn.Module, step_size: float = 1.0, inputs: Tensor | None = None):
         # A frozen π (requires_grad=False) is left as it is, like any frozen parameter.
         self.modules = [m for m in model.modules() if getattr(m, "simplex", False) and hasattr(m, "project_")
                         and m.simplex_weights.requires_grad]
         self.parameters = [m.simplex_weights for m in self.modules]
-        self.fista = MonotoneFISTA(size=1.0, step_size=step_size)
+        # An input that is constant on the training ``inputs`` (n, d) has γ_j·x_j the same at every point,
+        # so π_j gets no gradient: left free, the projection's shift fills it with the mass the other
+        # inputs give up, a slack that lowers their total below c and reports the constant input as
+        # relevant (π = 0.43 of 7 inputs). Its π_j is held at 0; π lies on the simplex of the others.
+        self.masks = [self._varying(inputs, p) for p in self.parameters]
+        self.fista = MonotoneFISTA(size=1.0, step_size=step_size, masks=self.masks)
         self.moved = False  # whether the last call of step() changed π
 
     def __bool__(self) -> bool:
@@ -196,9 +217,23 @@ class SimplexStep:
     def owns(self, parameter: Tensor) -> bool:
         return any(parameter is p for p in self.parameters)
 
+    @staticmethod
+    def _varying(inputs: Tensor | None, weights: Tensor) -> Tensor | None:
+        """The inputs that vary over the rows, as a mask for ``weights``; None: all of them (or none)."""
+        d = weights.shape[-1]
+        if inputs is None or inputs.dim() < 1 or inputs.shape[-1] != d or inputs.numel() == 0:
+            return None
+        flat = inputs.detach().reshape(-1, d)
+        varying = (flat.amax(0) > flat.amin(0)).to(weights.device)
+        return None if bool(varying.all()) or not bool(varying.any()) else varying
+
     def project_(self) -> None:
-        for module in self.modules:
-            module.project_()
+        for module, mask in zip(self.modules, self.masks):
+            if mask is None:
+                module.project_()
+            else:
+                with torch.no_grad():
+                    module.simplex_weights.copy_(_masked_projection(module.simplex_weights, mask, 1.0))
 
     def step(self, objective: Callable[[], Tensor], steps: int = 3) -> float:
         """``steps`` monotone steps on π; returns the objective at the final π.
