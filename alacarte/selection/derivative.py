@@ -121,7 +121,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         tau: τ, the weight of the derivative penalty.
         mu: μ, the RKHS ridge that makes the problem well posed (see above).
         gamma: Gaussian kernel k = exp(−γ‖x − x'‖²) on the standardised inputs;
-            ``None`` → 1/d.
+            ``None`` → 1/d, d counting the inputs that are not constant.
         threshold: select input j when Σᵢ (∂ⱼf(xᵢ))² exceeds it (derivatives per
             standard deviation of input j); ``None`` → τ.
         refit: predict with kernel ridge regression on the selected inputs
@@ -210,7 +210,10 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
             )
         self.x_mean_, self.x_scale_ = column_standardization(X)
         X = self._standardise(X)
-        self.gamma_ = self.gamma if self.gamma is not None else 1.0 / d
+        # (a constant column is zeros once standardised and adds nothing to ‖x − x'‖²: counting it in d
+        # would narrow the default kernel and change the fit of the other inputs)
+        varying = int(np.count_nonzero(np.ptp(X, axis=0) > 0))
+        self.gamma_ = self.gamma if self.gamma is not None else 1.0 / max(varying, 1)
         self.y_mean_ = float(column_standardization(y[:, None], "y")[0][0])
         self.x_train_ = X
 
