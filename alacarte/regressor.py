@@ -35,7 +35,8 @@ def kernel_relevance(model) -> np.ndarray:
     lengthscales otherwise; GM: Σ_q w_q σ_qj; SSGPR: RMS frequency per input);
     for an exact GP its normalised inverse RBF/ARD lengthscales.  Lengthscales
     act on standardised inputs, so relevances compare inputs independently of
-    their units.
+    their units.  An input that is constant on the training rows (all zeros once centred) has no
+    effect on the model whatever its lengthscale, which keeps its initial value: it gets relevance 0.
     """
     kernel = model.covar_module
     if isinstance(kernel, FeatureKernel):
@@ -43,6 +44,12 @@ def kernel_relevance(model) -> np.ndarray:
     else:  # ExactRBFGP: ScaleKernel(RBFKernel)
         inverse = 1.0 / kernel.base_kernel.lengthscale.detach().cpu().double().numpy().reshape(-1)
         values = np.broadcast_to(inverse, (model.num_dims,)).copy()
+    inputs = getattr(model, "train_inputs", None)
+    if inputs is not None and inputs[0].shape[-1] == values.size:
+        x = inputs[0].detach().reshape(-1, values.size)
+        constant = (x.amax(0) == x.amin(0)).cpu().numpy()
+        if not constant.all():
+            values = np.where(constant, 0.0, values)
     return values / values.sum()
 
 

@@ -215,3 +215,18 @@ def test_reversed_and_read_only_arrays_are_inputs_like_any_other(tmp_path):
         warnings.simplefilter("error", UserWarning)
         mean = model.model_.predict(np.load(tmp_path / "x.npy", mmap_mode="r")).mean
     np.testing.assert_array_equal(mean.numpy(), model.predict(x))
+
+
+@pytest.mark.parametrize("kernel", ["fsard", "gm", "exact-ard"])
+def test_a_constant_input_has_relevance_zero(kernel):
+    """A constant column is zeros once centred: its lengthscale gets no gradient and keeps its
+    initial value while irrelevant inputs' grow, so relevance_ ranked it first. With y from x₀, x₁
+    of 5 inputs and a constant sixth (n = 300), relevance_[5] was 0.59 (fsard), 0.70 (gm) and
+    0.72 (exact-ard); an input without effect on the model has relevance 0."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((120, 4))
+    y = np.sin(2 * x[:, 0]) + x[:, 1] ** 2 / 2 + 0.05 * rng.standard_normal(120)
+    x = np.column_stack([x, np.full(120, 1.5)])
+    reg = AlaCarteRegressor(kernel, num_samples=32, num_components=2, max_iter=15, restarts=0).fit(x, y)
+    assert reg.relevance_[4] == 0.0 and abs(reg.relevance_.sum() - 1) < 1e-12
+    assert np.argmax(reg.relevance_) in (0, 1)
