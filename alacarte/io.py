@@ -198,7 +198,7 @@ def _build_model(record: dict[str, Any]) -> Model:
         model.set_train_data(record["train_inputs"], record["train_targets"], strict=False)
     model.eval()
     if "posterior" in record:
-        model._posterior = WoodburyPosterior.from_factor(**record["posterior"])
+        model._keep_posterior(WoodburyPosterior.from_factor(**record["posterior"]))
     return model
 
 

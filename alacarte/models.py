@@ -9,6 +9,7 @@ model's internal (standardised) units.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from typing import NamedTuple
 
 import gpytorch
@@ -156,6 +157,22 @@ class _StandardizedGP(ExactGP):
         return contextlib.nullcontext()
 
     # -- prediction ---------------------------------------------------------------------
+    def _parameter_snapshot(self) -> list[Tensor]:
+        """Copies of the parameters and buffers a prediction cache is computed from."""
+        return [t.detach().clone() for t in itertools.chain(self.parameters(), self.buffers())]
+
+    def _unchanged_since(self, snapshot: list[Tensor] | None) -> bool:
+        """Whether every parameter and buffer still holds the values in ``snapshot``.
+
+        Values, not version counters: ``model.likelihood.noise = v`` writes through ``.data``."""
+        if snapshot is None:
+            return False
+        current = list(itertools.chain(self.parameters(), self.buffers()))
+        return len(current) == len(snapshot) and all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a.detach(), b)
+            for a, b in zip(current, snapshot)
+        )
+
     def _has_data(self) -> bool:
         return self.train_inputs is not None
 
@@ -241,6 +258,7 @@ class FeatureGP(_StandardizedGP):
         super().__init__(train_x, train_y, likelihood, kernel.num_dims)  # (checks the likelihood)
         self.covar_module = kernel
         self._posterior: WoodburyPosterior | None = None
+        self._posterior_parameters: list[Tensor] | None = None  # what _posterior was computed from
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
@@ -256,8 +274,8 @@ class FeatureGP(_StandardizedGP):
         module = super()._apply(fn)
         if posterior is not None and self.train_inputs is None:
             # Streamed (cache_posterior): no rows to recompute it from, so it moves with the model.
-            self._posterior = WoodburyPosterior.from_factor(fn(posterior.cholesky), fn(posterior.weights),
-                                                            fn(posterior.noise))
+            self._keep_posterior(WoodburyPosterior.from_factor(fn(posterior.cholesky), fn(posterior.weights),
+                                                              fn(posterior.noise)))
         return module
 
     def set_train_data(self, inputs=None, targets=None, strict=True):
@@ -268,12 +286,16 @@ class FeatureGP(_StandardizedGP):
         return self.train_inputs is not None or self._posterior is not None
 
     def posterior(self) -> WoodburyPosterior:
-        """The weight posterior for the current training data and parameters (cached in eval mode)."""
+        """The weight posterior for the current training data and parameters (cached in eval mode;
+        recomputed when a parameter or buffer changed since, e.g. ``model.likelihood.noise = v``)."""
+        if self._posterior is not None and not self._unchanged_since(self._posterior_parameters):
+            self._posterior = None
         if self._posterior is None or self.training:
             if self.train_inputs is None:
                 raise ValueError(
                     "the model holds no training data: call alacarte.fit(model, x, y) or model.cache_posterior(x, y) "
-                    "(a posterior streamed by either is dropped by model.train())"
+                    "(a posterior streamed by either is dropped by model.train() and by changing the model's "
+                    "parameters)"
                 )
             (x,) = self.train_inputs
             phi = self.covar_module.features(x)
@@ -281,8 +303,12 @@ class FeatureGP(_StandardizedGP):
             posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
             if self.training:
                 return posterior
-            self._posterior = posterior
+            self._keep_posterior(posterior)
         return self._posterior
+
+    def _keep_posterior(self, posterior: WoodburyPosterior) -> None:
+        """Cache ``posterior`` as computed from the model's current parameters and buffers."""
+        self._posterior, self._posterior_parameters = posterior, self._parameter_snapshot()
 
     @torch.no_grad()
     def cache_posterior(self, x, y=None, *, chunk_size: int | None = None, memory_budget: int | None = None,
@@ -305,7 +331,7 @@ class FeatureGP(_StandardizedGP):
         self.eval()
         stats = streamed_statistics(self, data)
         self.train_inputs, self.train_targets = None, None
-        self._posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
+        self._keep_posterior(WoodburyPosterior(stats, homoskedastic_noise(self.likelihood)))
         return self._posterior
 
     def __call__(self, *args, **kwargs):
@@ -380,6 +406,20 @@ class ExactRBFGP(_StandardizedGP):
     def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False, likelihood=None):
         super().__init__(train_x, train_y, likelihood, num_dims)
         self.covar_module = ScaleKernel(RBFKernel(ard_num_dims=num_dims if ard else None))
+        self._strategy_parameters: list[Tensor] | None = None  # what prediction_strategy was computed from
+
+    def __call__(self, *args, **kwargs):
+        # GPyTorch keeps an ExactGP's prediction cache (K⁻¹y, a root of K⁻¹) until .train(): a model
+        # queried, then given a new noise or lengthscale in eval mode, predicted with the old mean.
+        if self.training:
+            return super().__call__(*args, **kwargs)
+        if self.prediction_strategy is not None and not self._unchanged_since(self._strategy_parameters):
+            self._clear_cache()
+        cached = self.prediction_strategy is not None
+        output = super().__call__(*args, **kwargs)
+        if not cached and self.prediction_strategy is not None:
+            self._strategy_parameters = self._parameter_snapshot()
+        return output
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))

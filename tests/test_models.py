@@ -783,3 +783,37 @@ def test_a_feature_gp_refuses_a_kernel_with_active_dims():
     kernel = FSARDKernel(2, 16, ard_num_dims=2, active_dims=[1, 0], seed=0)
     with pytest.raises(ValueError, match="select the columns in the data instead"):
         FeatureGP(None, None, kernel)
+
+
+@pytest.mark.parametrize("kind", ["feature", "exact"])
+def test_predictions_follow_hyperparameters_changed_in_eval_mode(kind):
+    """A posterior cached by one predict() belongs to the parameters it was computed from: setting
+    the noise, a lengthscale or the constant mean afterwards (no .train() in between) gives the
+    predictions of a model that never predicted with the old values, not the cached ones."""
+    x, y = toy_data(n=80)
+    x_test = toy_data(n=20, seed=2)[0]
+    model = feature_model() if kind == "feature" else ExactRBFGP(None, None, num_dims=3, ard=True).double()
+    fit(model, x, y, max_iter=5, restarts=0, progress=False)
+    changes = [
+        lambda m: setattr(m.likelihood, "noise", m.likelihood.noise * 3),
+        lambda m: setattr(_lengthscaled(m), "lengthscale", _lengthscaled(m).lengthscale * 1.7),
+        lambda m: m.mean_module.constant.data.add_(0.5),  # in place, through .data
+    ]
+    for change in changes:
+        model.predict(x_test)  # caches the posterior
+        fresh = copy.deepcopy(model)
+        fresh.train()  # drops the copy's cache
+        fresh.eval()
+        with torch.no_grad():
+            change(model)
+            change(fresh)
+        got, expected = model.predict(x_test), fresh.predict(x_test)
+        torch.testing.assert_close(got.mean, expected.mean, rtol=1e-12, atol=1e-10)
+        torch.testing.assert_close(got.variance, expected.variance, rtol=1e-10, atol=1e-12)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x_test).mean, fresh(x_test).mean, rtol=1e-12, atol=1e-10)
+
+
+def _lengthscaled(model):
+    kernel = model.covar_module
+    return kernel if isinstance(model, FeatureGP) else kernel.base_kernel
