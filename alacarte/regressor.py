@@ -225,7 +225,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         if isinstance(model, FeatureGP):
             return model.sample_functions(n_samples, seed=seed)(x).T.numpy()
         mean, cov = self._mean_and_covariance(x, include_noise=False)
-        return np.random.default_rng(seed).multivariate_normal(mean, cov, n_samples).T
+        # Drawn in the standardised units: numpy's positive-semidefinite check has an absolute
+        # tolerance (1e-8), which round-off in a covariance of targets in large units exceeds.
+        scale = float(model.target_scale)
+        draws = np.random.default_rng(seed).multivariate_normal(np.zeros_like(mean), cov / scale / scale, n_samples)
+        return (mean + scale * draws).T
 
     @property
     def relevance_(self) -> np.ndarray:

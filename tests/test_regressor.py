@@ -230,3 +230,21 @@ def test_a_constant_input_has_relevance_zero(kernel):
     reg = AlaCarteRegressor(kernel, num_samples=32, num_components=2, max_iter=15, restarts=0).fit(x, y)
     assert reg.relevance_[4] == 0.0 and abs(reg.relevance_.sum() - 1) < 1e-12
     assert np.argmax(reg.relevance_) in (0, 1)
+
+
+def test_exact_sample_y_does_not_warn_for_targets_in_large_units():
+    """numpy's positive-semidefinite check has an absolute tolerance (1e-8): a PSD posterior covariance
+    in units of 1e12 (targets ×1e6) failed it by round-off and sample_y warned 'covariance is not
+    symmetric positive-semidefinite'; the same fit in ×1 units did not."""
+    x, y = data(n=80)
+    x_test = np.random.default_rng(0).uniform(-2, 2, size=(40, 3))
+    reg = AlaCarteRegressor("exact-ard", **SMALL).fit(x, y * 1e6)
+    _, cov = reg.predict(x_test, return_cov=True, include_noise=False)
+    assert np.linalg.eigvalsh(cov).min() > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        draws = reg.sample_y(x_test, n_samples=4000, random_state=1)
+    mean = reg.predict(x_test)
+    sd = np.sqrt(np.diag(cov))
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * sd / np.sqrt(4000))
+    assert np.allclose(np.cov(draws), cov, atol=0.1 * sd.max() ** 2)
