@@ -335,7 +335,7 @@ class FeatureGP(_StandardizedGP):
         return self._posterior
 
     def __call__(self, *args, **kwargs):
-        if self.training or len(args) != 1:
+        if self.training or len(args) != 1 or gpytorch.settings.prior_mode.on():
             return super().__call__(*args, **kwargs)
         x = check_inputs(as_tensor(args[0], "x", self._model_dtype(), self.input_offset.device), "x", self.num_dims)
         posterior, phi, mean = self._posterior_mean(x)

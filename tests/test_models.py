@@ -817,3 +817,22 @@ def test_predictions_follow_hyperparameters_changed_in_eval_mode(kind):
 def _lengthscaled(model):
     kernel = model.covar_module
     return kernel if isinstance(model, FeatureGP) else kernel.base_kernel
+
+
+def test_prior_mode_gives_the_prior_in_eval_mode_as_in_gpytorch():
+    """model(x) under gpytorch.settings.prior_mode is the prior, as for any ExactGP (and ExactRBFGP);
+    FeatureGP's eval-mode __call__ returned the posterior regardless."""
+    x, y = toy_data(n=80)
+    x_test = toy_data(n=10, seed=2)[0]
+    for model in (feature_model(), ExactRBFGP(None, None, num_dims=3, ard=True).double()):
+        fit(model, x, y, max_iter=3, restarts=0, progress=False)
+        model.eval()
+        inner = model.internal_inputs(x_test)
+        with torch.no_grad():
+            model(inner)  # a cached posterior must not leak into prior mode either
+            with gpytorch.settings.prior_mode(True):
+                got = model(inner)
+            expected = model.forward(inner)
+            torch.testing.assert_close(got.mean, expected.mean)
+            torch.testing.assert_close(got.covariance_matrix, expected.covariance_matrix)
+            assert model(inner).variance.max() < 0.5 * expected.variance.min()  # and the posterior after it
