@@ -288,7 +288,8 @@ class FeatureGP(_StandardizedGP):
     def posterior(self) -> WoodburyPosterior:
         """The weight posterior for the current training data and parameters (cached in eval mode;
         recomputed when a parameter or buffer changed since, e.g. ``model.likelihood.noise = v``)."""
-        if self._posterior is not None and not self._unchanged_since(self._posterior_parameters):
+        # (getattr: a model pickled before the snapshot existed has no such attribute)
+        if self._posterior is not None and not self._unchanged_since(getattr(self, "_posterior_parameters", None)):
             self._posterior = None
         if self._posterior is None or self.training:
             if self.train_inputs is None:
@@ -413,7 +414,8 @@ class ExactRBFGP(_StandardizedGP):
         # queried, then given a new noise or lengthscale in eval mode, predicted with the old mean.
         if self.training:
             return super().__call__(*args, **kwargs)
-        if self.prediction_strategy is not None and not self._unchanged_since(self._strategy_parameters):
+        if self.prediction_strategy is not None and not self._unchanged_since(getattr(self, "_strategy_parameters",
+                                                                                       None)):
             self._clear_cache()
         cached = self.prediction_strategy is not None
         output = super().__call__(*args, **kwargs)
