@@ -298,10 +298,14 @@ class FeatureGP(_StandardizedGP):
                     "(a posterior streamed by either is dropped by model.train() and by changing the model's "
                     "parameters)"
                 )
-            (x,) = self.train_inputs
-            phi = self.covar_module.features(x)
-            stats = sufficient_statistics(phi, self.train_targets - self.mean_module(x))
-            posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
+            # A cache that kept the graph of the call that built it would fail every later backward()
+            # (gradients w.r.t. test inputs); detached as GPyTorch detaches an ExactGP's test caches.
+            detach = not self.training and gpytorch.settings.detach_test_caches.on()
+            with torch.no_grad() if detach else contextlib.nullcontext():
+                (x,) = self.train_inputs
+                phi = self.covar_module.features(x)
+                stats = sufficient_statistics(phi, self.train_targets - self.mean_module(x))
+                posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
             if self.training:
                 return posterior
             self._keep_posterior(posterior)

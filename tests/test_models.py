@@ -836,3 +836,26 @@ def test_prior_mode_gives_the_prior_in_eval_mode_as_in_gpytorch():
             torch.testing.assert_close(got.mean, expected.mean)
             torch.testing.assert_close(got.covariance_matrix, expected.covariance_matrix)
             assert model(inner).variance.max() < 0.5 * expected.variance.min()  # and the posterior after it
+
+
+def test_eval_mode_gradients_wrt_test_inputs_work_on_every_call():
+    """Optimising over test inputs (an acquisition function) calls model(x) and backward() repeatedly.
+    FeatureGP cached its posterior with the autograd graph of the first call, so the second
+    backward() failed ('Trying to backward through the graph a second time'); GPyTorch's
+    ExactGP detaches its test caches (gpytorch.settings.detach_test_caches, on by default)."""
+    x, y = toy_data(n=80)
+    model = feature_model()
+    fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    model.eval()
+    x_test = model.internal_inputs(toy_data(n=5, seed=2)[0]).clone().requires_grad_(True)
+    grads = []
+    for _ in range(2):
+        x_test.grad = None
+        model(x_test).mean.sum().backward()
+        grads.append(x_test.grad.clone())
+    assert torch.equal(grads[0], grads[1])
+    eps = 1e-6
+    with torch.no_grad():
+        shifted = [model(x_test + eps * e).mean - model(x_test - eps * e).mean for e in torch.eye(3, dtype=x.dtype)]
+    torch.testing.assert_close(grads[0], torch.stack(shifted, -1) / (2 * eps), rtol=1e-6, atol=1e-8)
+    model(x_test).variance.sum().backward()  # the variance too
