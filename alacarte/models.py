@@ -9,6 +9,7 @@ model's internal (standardised) units.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 from typing import NamedTuple
 
@@ -59,11 +60,17 @@ class FunctionSamples:
     """k posterior draws f(x) = μ + φ(x)ᵀw of a :class:`FeatureGP`, callable anywhere.
 
     Calling it on inputs (m, d) in original units returns a (k, m) tensor in the
-    targets' original units, in O(D) per point and draw.
+    targets' original units, in O(D) per point and draw.  The draws stay the functions
+    drawn: later changes to the model (a refit) do not change them.
     """
 
     def __init__(self, model: "FeatureGP", weights: Tensor):
-        self._model = model
+        # The weights mean something only with the features, mean and units they were drawn for: keep a
+        # copy of the model as it is now (sharing, not copying, its training data and posterior), so that
+        # a later refit or setter does not turn the draws into φ_new(x)ᵀw.
+        shared = [*(model.train_inputs or ()), model.train_targets, model._posterior,
+                  getattr(model, "_posterior_parameters", None)]
+        self._model = copy.deepcopy(model, {id(t): t for t in shared if t is not None})
         self.weights = weights  # (*batch, k, D), internal units
 
     def __len__(self) -> int:

@@ -859,3 +859,21 @@ def test_eval_mode_gradients_wrt_test_inputs_work_on_every_call():
         shifted = [model(x_test + eps * e).mean - model(x_test - eps * e).mean for e in torch.eye(3, dtype=x.dtype)]
     torch.testing.assert_close(grads[0], torch.stack(shifted, -1) / (2 * eps), rtol=1e-6, atol=1e-8)
     model(x_test).variance.sum().backward()  # the variance too
+
+
+def test_function_samples_stay_the_functions_drawn():
+    """Draws are weights w for the features φ they were drawn with: a FunctionSamples evaluated
+    φ_new(x)ᵀw with whatever kernel the model had at call time, so after the model's lengthscales
+    changed (a refit, a setter) the old draws were functions of neither posterior."""
+    x, y = toy_data(n=100)
+    x_test = toy_data(n=20, seed=2)[0]
+    model = feature_model(m=16)
+    fit(model, x, y, max_iter=5, restarts=0, progress=False)
+    draws = model.sample_functions(8, seed=0)
+    before = draws(x_test)
+    with torch.no_grad():
+        model.covar_module.lengthscale = model.covar_module.lengthscale * 3
+        model.mean_module.constant.add_(1.0)
+    model.set_standardization(model.input_offset + 1, model.input_scale * 2, model.target_offset + 5,
+                              model.target_scale * 2)
+    assert torch.equal(draws(x_test), before)
