@@ -32,6 +32,16 @@ def unfitted_on_failure(fit):
     return fit_or_forget
 
 
+def varying_columns(x: np.ndarray | Tensor) -> np.ndarray | Tensor:
+    """Which columns of the rows ``x`` (..., n, d) are not constant (max > min over all rows): a boolean
+    mask of length d, of ``x``'s kind.  A constant column is zeros once centred, so nothing in a fit
+    moves its weight, lengthscale or relevance: the estimators give it none."""
+    if isinstance(x, Tensor):
+        flat = x.detach().reshape(-1, x.shape[-1])
+        return flat.amax(0) > flat.amin(0)
+    return np.ptp(x.reshape(-1, x.shape[-1]), axis=0) > 0
+
+
 def column_standardization(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, np.ndarray]:
     """Column means and scales for standardising ``X`` (n, d) as (X − mean)/scale.
 

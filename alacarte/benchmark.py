@@ -165,10 +165,7 @@ def machine_description(threads: int) -> str:
 
     import torch
 
-    model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
-        model = found.group(1).strip() if found else model
+    model = _proc_field("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
     return f"{model} ({torch.backends.cpu.get_cpu_capability()}, {threads} thread{'s' if threads != 1 else ''})"
 
 
@@ -179,11 +176,19 @@ def peak_rss_mb() -> float:
     old and the new address space's peaks in ``ru_maxrss``, so a cell process (spawned: fork,
     then exec) would report its runner's peak whenever that is the larger — a runner holding
     1.5 GB gave a 392 MB cell 1811 MB.  ``VmHWM`` is the peak of this process's own address space."""
-    with contextlib.suppress(OSError, AttributeError):
-        match = re.search(r"^VmHWM:\s*(\d+) kB$", Path("/proc/self/status").read_text(), re.MULTILINE)
-        return int(match.group(1)) / 1024  # (AttributeError: no VmHWM line)
+    match = re.fullmatch(r"(\d+) kB", _proc_field("/proc/self/status", "VmHWM") or "")
+    if match:
+        return int(match.group(1)) / 1024
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024  # bytes on macOS, else KiB
+
+
+def _proc_field(path: str, key: str) -> str | None:
+    """The value of a ``key: value`` line of a Linux /proc file; None without the file or the line."""
+    with contextlib.suppress(OSError):
+        found = re.search(rf"^{re.escape(key)}\s*:\s*(.+)$", Path(path).read_text(), re.MULTILINE)
+        return found.group(1).strip() if found else None
+    return None
 
 
 def checkpoint_directory(csv_path: str | os.PathLike) -> Path:

@@ -11,7 +11,14 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._validation import as_tensor, check_positive_int, check_seed, float64_targets, unfitted_on_failure
+from ._validation import (
+    as_tensor,
+    check_positive_int,
+    check_seed,
+    float64_targets,
+    unfitted_on_failure,
+    varying_columns,
+)
 from .factory import KERNEL_NAMES, make_model
 from .kernels import FeatureKernel
 from .models import FeatureGP
@@ -46,8 +53,7 @@ def kernel_relevance(model) -> np.ndarray:
         values = np.broadcast_to(inverse, (model.num_dims,)).copy()
     inputs = getattr(model, "train_inputs", None)
     if inputs is not None and inputs[0].shape[-1] == values.size:
-        x = inputs[0].detach().reshape(-1, values.size)
-        constant = (x.amax(0) == x.amin(0)).cpu().numpy()
+        constant = ~varying_columns(inputs[0]).cpu().numpy()
         if not constant.all():
             values = np.where(constant, 0.0, values)
     return values / values.sum()

@@ -589,30 +589,10 @@ def _warn_if_float32_loss_is_off(model: FeatureGP, x: torch.Tensor | ChunkedData
     dtype = (x.statistics_dtype or model.input_offset.dtype) if streamed else x.dtype
     if dtype == torch.float64:
         return
-    if streamed:
-        wide_data = copy.copy(x)
-        wide_data.statistics_dtype = torch.float64
-
-        def losses() -> tuple[float, float]:
-            return (float(streamed_negative_mll(model, x, backward=False)),
-                    float(streamed_negative_mll(model, wide_data, backward=False)))
-        remedy = "model.double(), or keep float32 features with statistics_dtype=torch.float64"
-    else:
-        wide = copy.deepcopy(model).double()
-        wide.set_train_data(x.double(), y.double(), strict=False)
-
-        def loss_of(gp, inputs, targets) -> float:
-            gp.train()
-            with torch.no_grad(), gp.inference_settings():
-                return float(-marginal_log_likelihood(gp)(gp(inputs), targets))
-
-        def losses() -> tuple[float, float]:  # a diagnosis, not one of the fit's evaluations
-            return loss_of(model, x, y), loss_of(wide, x.double(), y.double())
-        remedy = "model.double()"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # fit has said what jitter its factorisations needed
-        loss, wide_loss = losses()
+    loss, wide_loss = _own_and_float64_losses(model, x, y)
     if not abs(loss - wide_loss) <= _FLOAT32_LOSS_TOLERANCE:
+        remedy = ("model.double(), or keep float32 features with statistics_dtype=torch.float64" if streamed
+                  else "model.double()")
         name = str(dtype).removeprefix("torch.")
         warnings.warn(
             f"the {name} loss at the fitted hyperparameters is {loss:.4f} per point, but {wide_loss:.4f} in "
@@ -622,6 +602,34 @@ def _warn_if_float32_loss_is_off(model: FeatureGP, x: torch.Tensor | ChunkedData
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def _own_and_float64_losses(model: FeatureGP, x: torch.Tensor | ChunkedData, y: torch.Tensor | None
+                            ) -> tuple[float, float]:
+    """The loss per point at the model's hyperparameters in its own arithmetic and in float64 (what
+    :func:`_warn_if_float32_loss_is_off` compares); streamed, the second from float64 statistics of
+    the same features.  A diagnosis, not one of the fit's evaluations (the checkpoint counts those)."""
+    if isinstance(x, ChunkedData):
+        wide_data = copy.copy(x)
+        wide_data.statistics_dtype = torch.float64
+
+        def losses() -> tuple[float, float]:
+            return (float(streamed_negative_mll(model, x, backward=False)),
+                    float(streamed_negative_mll(model, wide_data, backward=False)))
+    else:
+        wide = copy.deepcopy(model).double()
+        wide.set_train_data(x.double(), y.double(), strict=False)
+
+        def loss_of(gp, inputs, targets) -> float:
+            gp.train()
+            with torch.no_grad(), gp.inference_settings():
+                return float(-marginal_log_likelihood(gp)(gp(inputs), targets))
+
+        def losses() -> tuple[float, float]:
+            return loss_of(model, x, y), loss_of(wide, x.double(), y.double())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fit has said what jitter its factorisations needed
+        return losses()
 
 
 def noise_at_bound(noise: float, bound: float) -> bool:

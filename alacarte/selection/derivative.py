@@ -70,7 +70,14 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .._validation import check_bool, check_real, column_standardization, float64_targets, unfitted_on_failure
+from .._validation import (
+    check_bool,
+    check_real,
+    column_standardization,
+    float64_targets,
+    unfitted_on_failure,
+    varying_columns,
+)
 
 __all__ = ["DerivativeSelector"]
 
@@ -212,7 +219,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         X = self._standardise(X)
         # (a constant column is zeros once standardised and adds nothing to ‖x − x'‖²: counting it in d
         # would narrow the default kernel and change the fit of the other inputs)
-        varying = int(np.count_nonzero(np.ptp(X, axis=0) > 0))
+        varying = int(np.count_nonzero(varying_columns(X)))
         self.gamma_ = self.gamma if self.gamma is not None else 1.0 / max(varying, 1)
         self.y_mean_ = float(column_standardization(y[:, None], "y")[0][0])
         self.x_train_ = X

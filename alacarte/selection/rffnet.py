@@ -42,7 +42,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 from torch import Tensor
 
-from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure
+from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
 
 __all__ = ["RFFNetRegressor", "RFFNetClassifier"]
 
@@ -221,7 +221,7 @@ class _RFFNetBase(BaseEstimator):
         omega = torch.randn(s, d, generator=gen, dtype=torch.float64)
         phase = torch.rand(s, generator=gen, dtype=torch.float64) * (2 * math.pi)
         # A constant column is all zeros once centred: its λ_j gets no gradient and would keep its start.
-        start = np.where(np.ptp(X, axis=0) > 0, 1.0 / math.sqrt(d), 0.0)
+        start = np.where(varying_columns(X), 1.0 / math.sqrt(d), 0.0)
         params = _RFFNetParameters(omega, phase, torch.from_numpy(start))
         opt_beta = _Adam([params.beta, params.intercept], self.learning_rate)
         opt_relevance = _Adam([params.relevance], self.learning_rate)

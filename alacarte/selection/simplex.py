@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .._validation import varying_columns
+
 __all__ = ["project_to_simplex", "MonotoneFISTA", "SimplexStep"]
 
 
@@ -223,8 +225,7 @@ class SimplexStep:
         d = weights.shape[-1]
         if inputs is None or inputs.dim() < 1 or inputs.shape[-1] != d or inputs.numel() == 0:
             return None
-        flat = inputs.detach().reshape(-1, d)
-        varying = (flat.amax(0) > flat.amin(0)).to(weights.device)
+        varying = varying_columns(inputs).to(weights.device)
         return None if bool(varying.all()) or not bool(varying.any()) else varying
 
     def project_(self) -> None:

@@ -11,7 +11,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
-from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure
+from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
 from .simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
@@ -264,7 +264,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         y_mean, y_scale = column_standardization(y[:, None], "y")  # a constant y is only centred
         self.intercept_, y_scale = float(y_mean[0]), float(y_scale[0])
         # Constant columns are all zeros once centred: no gradient would ever move their γ_j off its start.
-        varying = np.flatnonzero(np.ptp(X, axis=0) > 0)
+        varying = np.flatnonzero(varying_columns(X))
         xs = torch.tensor((X - self.x_mean_) / self.x_scale_)[:, varying]
         ys = torch.tensor((y - self.intercept_) / y_scale)
 
