@@ -24,7 +24,6 @@ so a killed run resumes; the markdown table is written at the end.
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import os
 import sys
@@ -93,20 +92,13 @@ def _rmse(model, x, y) -> float:
 def _float32_row(dataset: str, kind: str, protocol: tuple[int, int, int, int]) -> dict:
     import torch
 
-    from alacarte.training import _warn_if_float32_loss_is_off, marginal_log_likelihood
+    from alacarte.training import _own_and_float64_losses, _warn_if_float32_loss_is_off
 
     x, y, x_test, y_test = _data(dataset)
     model, history, warned = _fit(kind, protocol, x, y, torch.float32)
     x32, y32 = model.train_inputs[0], model.train_targets  # standardised, as fit's check sees them
 
-    def loss_of(gp, inputs, targets) -> float:  # the loss fit's check compares, per point
-        gp.train()
-        with torch.no_grad(), gp.inference_settings(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return float(-marginal_log_likelihood(gp)(gp(inputs), targets))
-
-    wide = copy.deepcopy(model).double()
-    loss32, loss64 = loss_of(model, x32, y32), loss_of(wide, x32.double(), y32.double())
+    loss32, loss64 = _own_and_float64_losses(model, x32, y32)  # what fit's check compares, per point
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
