@@ -625,6 +625,7 @@ class PaperValue(NamedTuple):
     mean: float
     std: float
     decimals: int  # as printed: the paper's 0.47 is some value in [0.465, 0.475)
+    printed: str  # "2.00 ± 0.38", as the paper prints it (a float would read back as "2")
 
 
 def load_paper(path: str | os.PathLike) -> dict:
@@ -635,7 +636,8 @@ def load_paper(path: str | os.PathLike) -> dict:
     rows = read_rows(path)
     try:
         table = {(r["dataset"], r["method"]): PaperValue(float(r["rmse_mean"]), float(r["rmse_std"]),
-                                                         len(r["rmse_mean"].partition(".")[2]))
+                                                         len(r["rmse_mean"].partition(".")[2]),
+                                                         f"{r['rmse_mean'].strip()} ± {r['rmse_std'].strip()}")
                  for r in rows}
     except (KeyError, TypeError, ValueError):
         table = {}
@@ -840,8 +842,7 @@ def report(args: argparse.Namespace) -> str:
                          f"{np.mean(memory[(ds, m)]):.0f} MB{on_gpu}{fits}</sub>")
         for m in paper_methods:
             p = paper.get((ds, PAPER_COLUMNS[m]))
-            cells.append("—" if p is None else (f"**{_fmt(p.mean, p.std)}**" if p.mean == best
-                                                 else _fmt(p.mean, p.std)))
+            cells.append("—" if p is None else (f"**{p.printed}**" if p.mean == best else p.printed))
         n_train = next((r["n_train"] for r in rows if r["dataset"] == ds), "—")
         lines.append(table_row(ds, n_train, *cells))
     # (the label and the empty n-train cell as one piece: "| label | | …", as the committed reports print it)
@@ -897,7 +898,7 @@ def _goals(datasets, methods, rmse, ran_as_fastfood, paper) -> list[str]:
         z = _standard_errors_apart(rmse[(ds, m_ours)], theirs[m_paper])
         if not verdict.as_good:
             behind.append(math.inf if z is None else z)
-        lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper].mean:.3g} ({m_paper}) | "
+        lines.append(f"| {ds} | {ours[m_ours]:.3g} ({m_ours}) | {theirs[m_paper].printed.partition(' ')[0]} ({m_paper}) | "
                      f"{verdict.ratio} | {ours[m_ours]:.{digits}f} {'≤' if verdict.as_printed else '>'} "
                      f"{theirs[m_paper].mean:.{digits}f} | {'—' if z is None else f'{z:+.1f}'} | {ard_ratio} |")
     lines += ["", f"Best À la carte kernel ≤ the paper's best on {beaten} of {counted} datasets; "

@@ -618,6 +618,23 @@ def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(t
         table(paper=str(tmp_path / "other.csv"))
 
 
+def test_the_report_prints_the_papers_values_as_the_paper_prints_them(tmp_path):
+    """Trailing zeros are digits: the paper's FSARD 2.00 ± 0.38 on airfoil used to read "2 ± 0.38",
+    its 3.97 ± 2.54 on concreteslump "3.97 ± 2.5", and parkinsons' best "0 (GM)" in the goal table."""
+    import argparse
+
+    from alacarte.benchmark import append_row, report
+
+    path = tmp_path / "rows.csv"
+    for dataset in ("airfoil", "concreteslump", "parkinsons"):
+        append_row(path, _ok_row(dataset=dataset, method="fsard"))
+    text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
+    airfoil, slump, parkinsons = (next(line for line in text.splitlines() if line.startswith(f"| {ds} | 277 |"))
+                                  for ds in ("airfoil", "concreteslump", "parkinsons"))
+    assert "| 2.00 ± 0.38 |" in airfoil and "| 3.97 ± 2.54 |" in slump, (airfoil, slump)
+    assert any(line.startswith("| parkinsons | 0.12 (fsard) | 0.00 (GM) |") for line in text.splitlines()), text
+
+
 def test_a_report_without_paper_columns_is_a_well_formed_table(tmp_path):
     import argparse
 
