@@ -292,6 +292,39 @@ class FeatureGP(_StandardizedGP):
     def _has_data(self) -> bool:
         return self.train_inputs is not None or self._posterior is not None
 
+    def get_fantasy_model(self, inputs: Tensor, targets: Tensor, **kwargs) -> "FeatureGP":
+        """A copy of the model, in eval mode, conditioned also on ``(inputs, targets)``
+        (internal units, as ``model(x)``); targets ``(f, m)`` give ``f`` fantasies at once.
+
+        GPyTorch's version updates the prediction cache of its own eval path, which a
+        FeatureGP does not use (it raised "Call the model on some data first!" whatever
+        was called); here the weight posterior is recomputed from the n + m rows.
+        """
+        if kwargs:
+            raise ValueError(f"FeatureGP.get_fantasy_model takes no {sorted(kwargs)}: the likelihood is "
+                             "homoskedastic")
+        if self.train_inputs is None:
+            raise ValueError("the model holds no training rows to add fantasies to (its posterior was streamed "
+                             "by cache_posterior)")
+        (x,), y = self.train_inputs, self.train_targets
+        inputs = torch.as_tensor(inputs, dtype=x.dtype, device=x.device)
+        targets = torch.as_tensor(targets, dtype=y.dtype, device=y.device)
+        if inputs.dim() < 2 or inputs.shape[-1] != self.num_dims or targets.dim() < 1 \
+                or targets.shape[-1] != inputs.shape[-2]:
+            raise ValueError(f"inputs must have shape (..., m, {self.num_dims}) and targets (..., m), got "
+                             f"{tuple(inputs.shape)} and {tuple(targets.shape)}")
+        if not (bool(torch.isfinite(inputs).all()) and bool(torch.isfinite(targets).all())):
+            raise ValueError("the fantasy inputs or targets contain non-finite values (NaN or inf)")
+        input_batch = torch.broadcast_shapes(x.shape[:-2], inputs.shape[:-2])
+        target_batch = torch.broadcast_shapes(y.shape[:-1], targets.shape[:-1])
+        full_x = torch.cat([x.expand(*input_batch, *x.shape[-2:]), inputs.expand(*input_batch, *inputs.shape[-2:])], -2)
+        full_y = torch.cat([y.expand(*target_batch, y.shape[-1]), targets.expand(*target_batch, targets.shape[-1])], -1)
+        # Shared, not copied: the data and posterior that the fantasy's set_train_data replaces.
+        fantasy = copy.deepcopy(self, {id(t): t for t in (x, y, self._posterior) if t is not None})
+        fantasy.set_train_data(full_x, full_y, strict=False)
+        fantasy.eval()
+        return fantasy
+
     def posterior(self) -> WoodburyPosterior:
         """The weight posterior for the current training data and parameters (cached in eval mode;
         recomputed when a parameter or buffer changed since, e.g. ``model.likelihood.noise = v``)."""

@@ -877,3 +877,44 @@ def test_function_samples_stay_the_functions_drawn():
     model.set_standardization(model.input_offset + 1, model.input_scale * 2, model.target_offset + 5,
                               model.target_scale * 2)
     assert torch.equal(draws(x_test), before)
+
+
+def test_get_fantasy_model_conditions_on_the_added_rows_as_gpytorch_does():
+    """FeatureGP.get_fantasy_model raised GPyTorch's "Call the model on some data first!" even after
+    model(x) (its eval path keeps no GPyTorch prediction cache).  The fantasy must predict what a
+    plain GPyTorch ExactGP with the same kernel predicts after its own get_fantasy_model, for one
+    fantasy and a batch of f = 3, and leave the model itself alone."""
+
+    class PlainGP(gpytorch.models.ExactGP):
+        def __init__(self, x, y, likelihood, kernel):
+            super().__init__(x, y, likelihood)
+            self.mean_module, self.covar_module = gpytorch.means.ConstantMean(), kernel
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    gen = torch.Generator().manual_seed(0)
+    x, x_new, x_test = (torch.randn(n, 3, generator=gen, dtype=torch.float64) for n in (40, 5, 7))
+    y, y_new = torch.sin(x.sum(-1)), torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    model = FeatureGP(x, y, FSARDKernel(3, 16, ard_num_dims=3, seed=0)).double()
+    with torch.no_grad():
+        model.likelihood.noise = torch.tensor(0.05, dtype=torch.float64)
+        model.mean_module.constant.fill_(0.3)
+    plain = PlainGP(x, y, copy.deepcopy(model.likelihood), copy.deepcopy(model.covar_module)).double()
+    plain.mean_module.load_state_dict(model.mean_module.state_dict())
+    model.eval()
+    plain.eval()
+    with torch.no_grad(), gpytorch.settings.max_cholesky_size(10**6):
+        before = model(x_test).mean
+        plain(x_test)  # GPyTorch needs its cache first
+        for targets in (y_new[0], y_new):
+            got = model.get_fantasy_model(x_new, targets)(x_test)
+            expected = plain.get_fantasy_model(x_new, targets)(x_test)
+            torch.testing.assert_close(got.mean, expected.mean, rtol=0, atol=1e-12)
+            torch.testing.assert_close(got.variance, expected.variance, rtol=0, atol=1e-12)
+        torch.testing.assert_close(model(x_test).mean, before, rtol=0, atol=0)
+    assert model.train_inputs[0].shape == (40, 3)
+    with pytest.raises(ValueError, match="targets"):
+        model.get_fantasy_model(x_new, y_new[0, :4])
+    with pytest.raises(ValueError, match="non-finite"):
+        model.get_fantasy_model(x_new, y_new[0].clone().fill_(float("nan")))
