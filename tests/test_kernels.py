@@ -212,6 +212,27 @@ def test_lengthscale_options_of_kernels_without_one_are_refused():
             build().lengthscale = 0.5
 
 
+def test_misspelt_keyword_arguments_are_refused():
+    """GPyTorch's Kernel takes **kwargs and drops what it does not read: FSARDKernel(..., outputscale_priors=p)
+    built a kernel with no prior (named_priors() empty, the fit unregularised) without a word."""
+    import gpytorch
+
+    from alacarte import PiecewiseLinearRadialKernel, SpectralMixtureFastfoodKernel
+
+    prior = gpytorch.priors.GammaPrior(2.0, 3.0)
+    builds = (lambda **kw: FSARDKernel(3, 8, ard_num_dims=3, seed=0, **kw),
+              lambda **kw: RandomFourierKernel(3, 8, seed=0, **kw),
+              lambda **kw: SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0, **kw),
+              lambda **kw: PiecewiseLinearRadialKernel(3, 8, num_components=2, seed=0, **kw))
+    for build in builds:
+        for key in ("outputscale_priors", "lenghtscale_prior", "noise_prior"):
+            with pytest.raises(ValueError, match=f"unexpected keyword arguments \\['{key}'\\]"):
+                build(**{key: prior})
+    # GPyTorch's own options still pass.
+    kernel = FSARDKernel(3, 8, seed=0, ard_num_dims=3, batch_shape=torch.Size([2]), lengthscale_prior=prior)
+    assert [name for name, *_ in kernel.named_priors()] == ["lengthscale_prior"]
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

@@ -1,6 +1,7 @@
 """The base class of every explicit-feature kernel."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -16,6 +17,10 @@ from ..selection.simplex import project_to_simplex
 from ._params import ConstrainedParameter, checked_value, register_constrained_parameter, shaped_like
 
 __all__ = ["FeatureKernel", "MixtureFeatureKernel"]
+
+
+# What GPyTorch's Kernel.__init__ reads from its keywords; it takes any others (**kwargs) and drops them.
+_KERNEL_OPTIONS = frozenset(inspect.signature(Kernel.__init__).parameters) - {"self", "kwargs"}
 
 
 def resolve_seed(seed: int | None) -> int:
@@ -102,6 +107,9 @@ class FeatureKernel(Kernel):
         # Stored as Python ints: a numpy integer (what a grid search passes) would not survive save_model.
         num_dims = check_positive_int(num_dims, "num_dims")
         num_samples = check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
+        unknown = sorted(set(kwargs) - _KERNEL_OPTIONS)
+        if unknown:  # a misspelt prior would leave the fit unregularised without a word
+            raise ValueError(f"{type(self).__name__} got unexpected keyword arguments {unknown}")
         ard_num_dims = kwargs.get("ard_num_dims")
         if ard_num_dims is not None and ard_num_dims not in (1, num_dims):
             raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
