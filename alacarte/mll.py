@@ -65,9 +65,14 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
     def forward(self, function_dist: MultivariateNormal, target: Tensor, *params, **kwargs) -> Tensor:
         phi = feature_root(function_dist)
         num_data, num_features = phi.shape[-2:]
-        if target.dim() == 0 or target.shape[-1] != num_data:
-            raise ValueError(f"target must have shape (*batch, n) with n = {num_data} rows of the prior, "
-                             f"got {tuple(target.shape)}")
+        try:  # (else a RuntimeError from deep inside the statistics)
+            torch.broadcast_shapes(target.shape[:-1], phi.shape[:-2])
+            matches = target.dim() > 0 and target.shape[-1] == num_data
+        except RuntimeError:
+            matches = False
+        if not matches:
+            raise ValueError(f"target must have shape (*batch, n) with n = {num_data} rows of the prior and a batch "
+                             f"that broadcasts with the prior's {tuple(phi.shape[:-2])}, got {tuple(target.shape)}")
         if not bool(torch.isfinite(target).all()):
             raise ValueError("target contains non-finite values (NaN or inf)")
         residual = target - function_dist.mean

@@ -621,6 +621,20 @@ def test_woodbury_likelihood_refuses_a_target_that_does_not_match_the_prior():
     torch.testing.assert_close(mll(prior, torch.stack([y, y]))[1], mll(prior, y))  # batches of targets still work
 
 
+def test_woodbury_likelihood_refuses_a_target_batch_that_does_not_broadcast():
+    """A batch-(2,) model given targets (3, n) failed with torch's 'Attempting to broadcast a dimension
+    of length 3' from inside the statistics (GPyTorch's: 'LinearOperator cannot be multiplied')."""
+    x, y = toy_data(n=30)
+    kernel = FSARDKernel(3, 8, seed=0, batch_shape=torch.Size([2]))
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([2]))
+    model = FeatureGP(x, y, kernel, likelihood).double().train()
+    mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    prior = model(x)
+    with pytest.raises(ValueError, match=r"a batch that broadcasts with the prior's \(2,\), got \(3, 30\)"):
+        mll(prior, torch.stack([y, y, y]))
+    assert mll(prior, torch.stack([y, -y])).shape == (2,)
+
+
 @pytest.mark.parametrize("make", [lambda: feature_model(), lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 def test_restarts_leave_the_parameters_a_user_froze_alone(make):
     x, y = toy_data(n=80)
