@@ -230,7 +230,14 @@ def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
 
 
 def _shifted(gram: Tensor, noise: Tensor) -> Tensor:
-    """A = ΦᵀΦ + σ²I (or ΦΦᵀ + σ²I)."""
+    """A = ΦᵀΦ + σ²I (or ΦΦᵀ + σ²I), for a noise variance σ² > 0.
+
+    σ² ≤ 0 is refused: the forms here (σ²A⁻¹, log σ²) are not their σ² → 0 limits, so σ² = 0
+    would give latent variances of exactly 0 where ΦᵀΦ is singular (D > n) and a NaN loss, and
+    a negative σ² a finite loss wherever ΦΦᵀ + σ²I stays positive definite."""
+    if bool((noise <= 0).any()):  # (a NaN σ², say after a failed step, fails the Cholesky as before)
+        raise ValueError(f"the noise variance σ² must be positive, got {noise.detach().min().item():g} (a "
+                         "likelihood whose noise constraint allows 0 can reach it: give it a positive lower bound)")
     return gram + noise[..., None, None] * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
 
 

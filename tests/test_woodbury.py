@@ -7,6 +7,7 @@ import torch
 from alacarte.features.fourier import fourier_features
 from alacarte.woodbury import (
     SufficientStatistics,
+    WoodburyPosterior,
     negative_log_marginal_likelihood,
     negative_log_marginal_likelihood_of_rows,
     sufficient_statistics,
@@ -35,6 +36,20 @@ def test_gradcheck_of_the_likelihood():
     noise = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
     fn = lambda p, q, s: negative_log_marginal_likelihood(sufficient_statistics(p, q), s)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (phi, r, noise))
+
+
+def test_a_noise_variance_that_is_not_positive_is_refused():
+    """σ² = 0 at n < D gave latent variances of exactly 0 (the σ² → 0 limit is the prior's in the
+    null space of Φ: 0.94, 0.46, 1.23 here) and a NaN loss; σ² < 0 gave a finite n×n loss."""
+    generator = torch.Generator().manual_seed(0)
+    phi = torch.randn(10, 32, generator=generator, dtype=torch.float64) / 32**0.5
+    r = torch.randn(10, generator=generator, dtype=torch.float64)
+    stats = sufficient_statistics(phi, r)
+    for noise in (torch.tensor(0.0, dtype=torch.float64), torch.tensor([0.1, -1e-3], dtype=torch.float64)):
+        for compute in (lambda: WoodburyPosterior(stats, noise), lambda: negative_log_marginal_likelihood(stats, noise),
+                        lambda: negative_log_marginal_likelihood_of_rows(phi, r, noise)):
+            with pytest.raises(ValueError, match="noise variance σ² must be positive"):
+                compute()
 
 
 @pytest.mark.parametrize(
