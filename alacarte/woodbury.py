@@ -163,6 +163,7 @@ class SufficientStatistics:
 
 def sufficient_statistics(phi: Tensor, r: Tensor) -> SufficientStatistics:
     """Statistics of features Φ (..., n, D) and residuals r (..., n)."""
+    _check_rows(phi, r)
     batch = torch.broadcast_shapes(phi.shape[:-2], r.shape[:-1])
     if phi.shape[:-2] != batch:
         phi = phi.expand(*batch, *phi.shape[-2:])
@@ -170,6 +171,13 @@ def sufficient_statistics(phi: Tensor, r: Tensor) -> SufficientStatistics:
         r = r.expand(*batch, r.shape[-1])
     gram_, phi_r = _GramAndProjection.apply(phi, r)
     return SufficientStatistics(gram=gram_, phi_r=phi_r, r_r=(r * r).sum(-1), n=phi.shape[-2])
+
+
+def _check_rows(phi: Tensor, r: Tensor) -> None:
+    """Φ (..., n, D) and r (..., n): else torch fails inside a product, naming only its own operands."""
+    if phi.dim() < 2 or r.dim() < 1 or r.shape[-1] != phi.shape[-2]:
+        raise ValueError(f"features Φ must have shape (..., n, D) and residuals r (..., n), one per row of Φ; got "
+                         f"{tuple(phi.shape)} and {tuple(r.shape)}")
 
 
 class NotPositiveDefiniteError(ValueError):
@@ -267,6 +275,7 @@ def negative_log_marginal_likelihood_of_rows(phi: Tensor, r: Tensor, noise: Tens
         r: residuals y − μ, (..., n).
         noise: σ², broadcastable to the batch shape.
     """
+    _check_rows(phi, r)
     noise = torch.as_tensor(noise, dtype=phi.dtype, device=phi.device)
     batch = torch.broadcast_shapes(phi.shape[:-2], r.shape[:-1], noise.shape)
     phi = phi.expand(*batch, *phi.shape[-2:])

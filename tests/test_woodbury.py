@@ -52,6 +52,16 @@ def test_a_noise_variance_that_is_not_positive_is_refused():
                 compute()
 
 
+def test_residuals_that_are_not_one_per_row_are_refused():
+    phi = torch.randn(10, 4, dtype=torch.float64)
+    for r in (torch.randn(7, dtype=torch.float64), torch.randn(10, 1, dtype=torch.float64), torch.tensor(1.0)):
+        for compute in (lambda: sufficient_statistics(phi, r), lambda: negative_log_marginal_likelihood_of_rows(phi, r, 0.1)):
+            with pytest.raises(ValueError, match=r"residuals r \(\.\.\., n\), one per row of Φ"):
+                compute()
+    with pytest.raises(ValueError, match="one per row"):
+        sufficient_statistics(phi[0], phi[0])
+
+
 @pytest.mark.parametrize(
     "batch, noise_shape, n, num_features",
     [((), (), 30, 6), ((), (1,), 4, 9), ((3,), (3,), 20, 5), ((2, 3), (1,), 7, 10), ((2, 3), (2, 1), 25, 4)],
