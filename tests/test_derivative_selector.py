@@ -7,7 +7,6 @@ import pytest
 import torch
 from scipy.optimize import minimize
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils.estimator_checks import check_estimator
 
 from alacarte.datasets import make_rosasco, rosasco_split
 from alacarte.datasets.synthetic import ROSASCO_MEAN_ABS
@@ -219,10 +218,6 @@ def test_warm_start_with_other_inputs_starts_cold_and_non_convergence_warns():
     assert model.derivative_coef_.shape == (40, 4)
     with pytest.warns(ConvergenceWarning, match="did not converge"):
         DerivativeSelector(tau=0.5, gamma=0.2, tol=1e-14, max_iter=2).fit(x, y)
-
-
-def test_sklearn_estimator_checks():
-    check_estimator(DerivativeSelector(tau=1e-6, tol=1e-5, max_iter=30, max_inner_iter=30))
 
 
 def test_selection_and_predictions_do_not_depend_on_the_inputs_units():

@@ -1,12 +1,11 @@
 """RFFNet: hand-written gradients against autograd, the ridge penalty against its
-closed form, early stopping restoring the best epoch, selection on SE2, and
-scikit-learn's estimator checks."""
+closed form, early stopping restoring the best epoch, and selection on SE2
+(scikit-learn's estimator checks: tests/test_estimator_checks.py)."""
 import math
 
 import numpy as np
 import pytest
 import torch
-from sklearn.utils.estimator_checks import check_estimator
 
 from alacarte.datasets import make_se1, make_se2
 from alacarte.selection import RFFNetClassifier, RFFNetRegressor
@@ -175,10 +174,3 @@ def test_nan_inputs_are_refused():
     with pytest.raises(ValueError, match="NaN"):
         RFFNetRegressor().fit(x, y)
 
-
-@pytest.mark.parametrize("estimator", [
-    RFFNetRegressor(max_epochs=30, learning_rate=0.02, random_state=0),
-    RFFNetClassifier(max_epochs=30, learning_rate=0.02, random_state=0),
-], ids=["regressor", "classifier"])
-def test_sklearn_estimator_checks(estimator):
-    check_estimator(estimator)

@@ -9,7 +9,6 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
-from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
@@ -26,11 +25,6 @@ def small_problem(n=200, d=6, seed=0):
     eps = torch.randn(50, d, generator=gen, dtype=torch.float64)
     offset = 2 * math.pi * torch.rand(50, generator=gen, dtype=torch.float64)
     return _SRFFProblem(x, y - y.mean(), eps, offset)
-
-
-@parametrize_with_checks([SRFFRegressor(**SMALL)])
-def test_sklearn_conventions(estimator, check):
-    check(estimator)
 
 
 def test_gradient_matches_autograd():
