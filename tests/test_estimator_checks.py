@@ -4,12 +4,13 @@ fit returning self, refit idempotence, n_features_in_ and feature names, NotFitt
 dtypes, sample-order invariance, pickling, classes_ and predict_proba, ...
 
 Every check applies and passes: no estimator has an expected failure.  sklearn itself skips
-check_array_api_input without SCIPY_ARRAY_API, and its pandas checks without pandas.  Settings
-are the smallest that still fit, so that all of them run in about half a minute.
+check_array_api_input without SCIPY_ARRAY_API, and its pandas checks without pandas (a test
+dependency).  Settings are the smallest that still fit, so that all of them run in about half a minute.
 """
 import pytest
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils.estimator_checks import parametrize_with_checks
+from sklearn.base import clone
+from sklearn.utils.estimator_checks import check_dataframe_column_names_consistency, parametrize_with_checks
 
 from alacarte import AlaCarteRegressor, DerivativeSelector, RFFNetClassifier, RFFNetRegressor, SRFFRegressor
 
@@ -27,3 +28,12 @@ ESTIMATORS = [
 @parametrize_with_checks(ESTIMATORS)
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
+
+
+# Not among the checks above (scikit-learn runs it from its own test suite): a DataFrame's column names
+# are kept in feature_names_in_, and predicting on other or reordered columns is a ValueError, not a
+# silently wrong prediction.
+@pytest.mark.filterwarnings("ignore", category=ConvergenceWarning)
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda estimator: type(estimator).__name__)
+def test_dataframe_column_names_are_kept_and_checked(estimator):
+    check_dataframe_column_names_consistency(type(estimator).__name__, clone(estimator))
