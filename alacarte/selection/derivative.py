@@ -65,6 +65,7 @@ import warnings
 
 import numpy as np
 import torch
+from scipy.spatial.distance import cdist
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.kernel_ridge import KernelRidge
@@ -301,12 +302,13 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         """The penalised f itself (Alg1 without the refit), whatever ``refit`` says."""
         check_is_fitted(self, "dual_coef_")
         X = self._standardise(validate_data(self, X, reset=False, dtype=np.float64))
-        n = self.x_train_.shape[0]
-        diff = X[:, None, :] - self.x_train_[None, :, :]  # (m, n, d)
-        k = np.exp(-self.gamma_ * np.square(diff).sum(-1))
+        x_train, beta, gamma = self.x_train_, self.derivative_coef_, self.gamma_
+        k = np.exp(-gamma * cdist(X, x_train, "sqeuclidean"))  # (m, n)
         # f(x) = (1/n) Σₛ k(x, xₛ) [αₛ + 2γ Σⱼ βₛʲ (xʲ − xₛʲ)]
-        weights = self.dual_coef_[None, :] + 2 * self.gamma_ * np.einsum("msj,sj->ms", diff, self.derivative_coef_)
-        return (k * weights).sum(1) / n + self.y_mean_
+        #      = (1/n) [(k (α − 2γ Σⱼ βʲ ⊙ xʲ))(x) + 2γ Σⱼ xʲ (k βʲ)(x)]:
+        # products with k, not the (m, n, d) differences (541 MB at m = 20,000, n = 300, d = 6)
+        shifted = self.dual_coef_ - 2 * gamma * np.einsum("sj,sj->s", beta, x_train)
+        return (k @ shifted + 2 * gamma * np.einsum("mj,mj->m", X, k @ beta)) / x_train.shape[0] + self.y_mean_
 
     def predict(self, X) -> np.ndarray:
         check_is_fitted(self, "dual_coef_")
