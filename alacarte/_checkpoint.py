@@ -32,7 +32,8 @@ SIGNATURE = b"ALACARTE-FIT-CHECKPOINT\n"
 FORMAT_VERSION = 1
 # Key entries that are fingerprints: a difference is said in words, not as two hashes.
 _FINGERPRINTED = {
-    "model": "the model given to fit differs (parameters, buffers such as the random features, or frozen ones)",
+    "model": "the model given to fit differs (parameters, buffers such as the random features, frozen ones, "
+             "or settings such as a Fastfood kernel's strategy)",
     "data": "the training data differ (or their rows come in another order, as from a shuffling DataLoader)",
 }
 
@@ -49,8 +50,15 @@ def tensor_digest(hasher, tensor: Tensor) -> None:
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
-    """SHA-256 of the model's class, parameters, buffers and which parameters are trained."""
+    """SHA-256 of the model's structure, parameters, buffers and which parameters are trained.
+
+    The structure is every submodule's class and plain settings: a Fastfood kernel's
+    ``strategy`` or a constraint's transform changes the fit but no tensor."""
     hasher = hashlib.sha256(type(model).__qualname__.encode())
+    for name, module in model.named_modules():
+        settings = sorted((key, value) for key, value in vars(module).items() if key != "training"
+                          and not key.startswith("_") and isinstance(value, (bool, int, float, str)))
+        hasher.update(f"{name}:{type(module).__qualname__}:{settings}".encode())
     for name, value in model.state_dict().items():
         hasher.update(name.encode())
         tensor_digest(hasher, value)
