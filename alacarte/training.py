@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from ._checkpoint import FitCheckpoint, checkpoint_path, data_fingerprint, model_fingerprint
 from ._validation import (
+    check_bool,
     check_learnable_targets,
     check_nonnegative_int,
     check_positive_int,
@@ -489,6 +490,7 @@ def fit(
     if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
     seed = check_seed(seed)
+    standardize = check_bool(standardize, "standardize")  # a truthy "no" or "False" would standardise
     if checkpoint is not None:  # before any pass over the data: a bad path must not cost one
         checkpoint = checkpoint_path(checkpoint)
     given_model = model_fingerprint(model) if checkpoint is not None else None

@@ -195,6 +195,9 @@ def test_fit_rejects_bad_settings():
             fit(feature_model(), x, y, seed=bad_seed)
     with pytest.raises(ValueError, match="tolerance"):
         fit(feature_model(), x, y, tolerance=float("nan"))
+    for bad_flag in ("no", "False", 0, None):  # truthy strings standardised without a word
+        with pytest.raises(ValueError, match="standardize must be True or False"):
+            fit(feature_model(), x, y, standardize=bad_flag)
     with pytest.raises(ValueError, match="num_dims must be a positive integer"):
         ExactRBFGP(None, None, num_dims=0)
     with pytest.raises(ValueError, match="float32 or float64"):
