@@ -515,7 +515,9 @@ def fit(
     elif y is None:
         raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
     else:
-        x, y = model.check_data(x, y)
+        # Data, not variables: an x or y that requires grad put the standardisation into every loss's
+        # graph, and the second backward failed (with restarts the first: its buffers were overwritten).
+        x, y = (t.detach() for t in model.check_data(x, y))
         check_learnable_targets(x.shape[0], float(y.min()), float(y.max()))
         raw_x, raw_y = x, y
     if seed is not None:

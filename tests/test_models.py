@@ -222,6 +222,18 @@ def test_fit_improves_and_is_deterministic(optimizer):
     assert torch.equal(p1.mean, p2.mean) and torch.equal(p1.variance, p2.variance)
 
 
+@pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_fit_takes_data_that_require_grad(make, restarts):
+    """Data from an autograd computation train as their values: they failed at the first backward
+    ("backward through the graph a second time"; with restarts, "modified by an inplace operation")."""
+    x, y = toy_data(n=60)
+    settings = dict(max_iter=5, restarts=restarts, restart_iter=2, progress=False)
+    model, reference = make(), make()
+    history = fit(model, x.clone().requires_grad_(), y.clone().requires_grad_(), **settings)
+    assert history.loss == fit(reference, x, y, **settings).loss
+
+
 def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
     """One L-BFGS iteration per step(): the first trial step of f(x) = x² from x = 0.1 lands on
     x = −0.1 (no decrease).  Torch's default evaluation budget for max_iter=1 leaves the line
