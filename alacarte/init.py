@@ -80,10 +80,13 @@ def _draw_quantile(rng: np.random.Generator, restart: int) -> float:
 
 @torch.no_grad()
 def set_noise(model, variance: float) -> None:
-    """Set σ², raised to twice its constraint's lower bound if below it (GPyTorch refuses
-    values under the bound; unstandardised targets of tiny scale give such values)."""
-    bound = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
-    model.likelihood.noise = max(variance, 2 * bound)
+    """Set σ², raised to twice its constraint's lower bound if below it and lowered to the middle
+    of an ``Interval`` if above that (GPyTorch refuses values outside the bounds: unstandardised
+    targets of tiny scale give such values, and so did an upper bound under 0.1, where the noise
+    refit raised a RuntimeError after the whole fit had run)."""
+    constraint = model.likelihood.noise_covar.raw_noise_constraint
+    low, high = float(constraint.lower_bound), float(constraint.upper_bound)
+    model.likelihood.noise = min(max(variance, 2 * low), (low + high) / 2)
 
 
 @torch.no_grad()

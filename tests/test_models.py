@@ -425,6 +425,20 @@ def test_a_fit_stalled_at_the_noise_lower_bound_is_refitted_from_a_larger_noise(
     assert 0.5 < model.likelihood.noise.item() / reference.likelihood.noise.item() < 2
 
 
+@pytest.mark.parametrize("upper", [0.05, 0.005, 3e-4])
+def test_a_noise_with_an_upper_bound_is_initialised_and_refitted_inside_it(upper):
+    """σ² = 0.01 (initialisation) or 0.1 (noise refit) × the target variance above an Interval's upper
+    bound raised GPyTorch's RuntimeError: at 0.05 after the whole fit, in the refit; at 0.005 and 3e-4
+    before it, in the first restart."""
+    x, _ = toy_data(n=100)
+    y = 10 * torch.sin(x[:, 0]) + x[:, 1]  # noise-free: the fit ends at the lower bound and is refitted
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.Interval(1e-4, upper))
+    model = FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0), likelihood).double()
+    with pytest.warns(RuntimeWarning, match="ended at its lower bound"):
+        history = fit(model, x, y, max_iter=20, restarts=1, restart_iter=3, progress=False)
+    assert history.noise_refit_loss is not None and 0.99e-4 < model.likelihood.noise.item() <= upper
+
+
 def test_a_noise_that_is_not_trained_is_left_at_its_bound():
     x, y = toy_data(n=100)
     model = feature_model()
