@@ -3,7 +3,7 @@
 The file holds a *key* — the fit's settings and fingerprints (SHA-256) of the model
 as it was given and of the training data — and the progress: which stage
 (restart k, the final optimisation, the noise refit, done), the optimiser's
-and the model's state, the random generators' states and what the earlier
+and the model's state, the restarts' random generator and what the earlier
 stages decided.  A file whose key differs from the fit asking for it is refused
 with a ``ValueError`` naming the differences: resuming another fit would
 silently return a wrong model.
