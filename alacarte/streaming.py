@@ -79,6 +79,14 @@ def _is_array(value) -> bool:
     return isinstance(value, (Tensor, np.ndarray))
 
 
+def _holds_chunks(x) -> bool:
+    """Whether ``x`` is (x, y) chunks — a DataLoader or a list of array pairs — rather than rows."""
+    return isinstance(x, torch.utils.data.DataLoader) or (
+        isinstance(x, (list, tuple)) and len(x) > 0 and isinstance(x[0], (tuple, list)) and len(x[0]) == 2
+        and all(_is_array(part) for part in x[0])
+    )
+
+
 class ChunkedData:
     """Training rows (x, y) read a chunk at a time, in original units.
 
@@ -146,10 +154,7 @@ class ChunkedData:
                 )
             self._x, self._y = x, None
         else:
-            if isinstance(x, torch.utils.data.DataLoader) or (
-                isinstance(x, (list, tuple)) and x and isinstance(x[0], (tuple, list)) and len(x[0]) == 2
-                and all(_is_array(part) for part in x[0])
-            ):
+            if _holds_chunks(x):
                 raise ValueError("x holds (x, y) chunks, which carry the targets: pass y=None")
             if not _is_array(x):
                 x = as_tensor(x, "x")
@@ -510,6 +515,6 @@ def is_streamed_input(x, y, *options) -> bool:
     """Whether :func:`alacarte.fit` should stream: chunked/memory-mapped input, or a streaming option given."""
     if isinstance(x, ChunkedData) or isinstance(x, np.memmap) or isinstance(y, np.memmap):
         return True
-    if any(option is not None for option in options):
+    if any(option is not None for option in options) or _holds_chunks(x):  # (chunks and a y: refused there)
         return True
     return y is None and not _is_array(x) and not isinstance(x, numbers.Number)

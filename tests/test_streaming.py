@@ -288,6 +288,8 @@ def test_streaming_refuses_bad_input(tmp_path):
             torch.utils.data.TensorDataset(x, y), batch_size=16)):
         with pytest.raises(ValueError, match="chunks, which carry the targets: pass y=None"):
             ChunkedData(chunks, y)  # y given twice
+        with pytest.raises(ValueError, match="chunks, which carry the targets: pass y=None"):
+            alacarte.fit(model, chunks, y, progress=False)  # (was numpy's 'inhomogeneous shape' or 'dtype object')
     bad = x.numpy().copy()
     bad[33, 1] = np.nan
     np.save(tmp_path / "bad.npy", bad)
