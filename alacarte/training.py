@@ -569,7 +569,7 @@ def fit(
     if isinstance(model, FeatureGP):
         _warn_if_float32_loss_is_off(model, x, y)
     model.eval()
-    _warn_if_noise_at_lower_bound(model, None if streamed else x)
+    _warn_if_noise_at_lower_bound(model, None if streamed else x, None if streamed else y, standardize)
     if streamed:
         model.cache_posterior(data)
     return history
@@ -648,7 +648,8 @@ def _noise_at_lower_bound(model) -> tuple[float, float] | None:
     return (noise, bound) if noise_at_bound(noise, bound) else None
 
 
-def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
+def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None, y: torch.Tensor | None,
+                                  standardized: bool) -> None:
     """Warn when σ² ended at its constraint's lower bound.
 
     There the fit interpolates the training targets.  On real data that is
@@ -665,6 +666,18 @@ def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
     if at_bound is None:
         return
     noise, bound = at_bound
+    units = "in standardised units" if standardized else "in the targets' units"
+    variance = None if y is None or y.numel() < 2 else float(y.var())
+    if not standardized and variance is not None and bound >= variance:
+        # Not interpolation but its opposite: every target is taken for noise.
+        warnings.warn(
+            f"the noise variance's lower bound ({bound:.1e} {units}, standardize=False) is not below the targets' "
+            f"variance ({variance:.3g}): the model takes the targets for noise and predicts about their mean. "
+            "Fit with standardize=True, or lower the bound: GaussianLikelihood(noise_constraint=GreaterThan(...)).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
     trained = model.likelihood.noise_covar.raw_noise.requires_grad  # else set there by the user, and not refitted
     repeated = ""
     if x is not None and x.dim() == 2:
@@ -673,7 +686,7 @@ def _warn_if_noise_at_lower_bound(model, x: torch.Tensor | None) -> None:
             repeated = f" The training inputs repeat {copies} rows; repeated rows are the usual cause."
     warnings.warn(
         f"the noise variance {'ended' if trained else 'is fixed (not trained)'} at its lower bound ({noise:.3g} ≤ "
-        f"2×{bound:.1e} in standardised units): the model interpolates its training targets, which generalises "
+        f"2×{bound:.1e} {units}): the model interpolates its training targets, which generalises "
         f"worse unless they are noise-free.{repeated} "
         + ("A refit from a larger noise did not leave the bound with a better likelihood. " if trained else "")
         + "Drop repeated rows, or raise the bound; for targets without noise, lower it (docs/benchmarks.md, "

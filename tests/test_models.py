@@ -403,6 +403,22 @@ def test_jitter_escalation_warns_and_recovers():
         cholesky_with_jitter(torch.full((3, 3), float("nan")))
 
 
+def test_an_unstandardised_fit_whose_noise_bound_exceeds_the_targets_variance_says_so():
+    """Targets of scale 1e-8 with standardize=False: the bound 1e-4 (in y's units) is above var y, so the
+    model predicts about the mean. The warning said it 'interpolates its training targets ... in
+    standardised units', the opposite on both counts."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(60, 3, generator=gen, dtype=torch.float64)
+    y = 1e-8 * torch.sin(6 * x[:, 0])
+    model = feature_model()
+    with pytest.warns(RuntimeWarning, match=r"lower bound \(1.0e-04 in the targets' units, standardize=False\) "
+                                            r"is not below the targets' variance") as caught:
+        fit(model, x, y, standardize=False, max_iter=20, restarts=0, progress=False)
+    assert not any("interpolates" in str(w.message) for w in caught)
+    mean = model.predict(x).mean
+    assert float(mean.std()) < 0.01 * float(y.std())  # indeed about the mean: the targets were taken for noise
+
+
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 def test_a_fit_that_ends_with_the_noise_at_its_lower_bound_warns_and_counts_repeated_rows(make):
     gen = torch.Generator().manual_seed(0)
