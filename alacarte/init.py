@@ -91,21 +91,26 @@ def set_noise(model, variance: float) -> None:
 
 @torch.no_grad()
 def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int = 0,
-               standardized: bool = False) -> None:
+               standardized: bool = False, target_moments: tuple[float, float] | None = None) -> None:
     """Set ``model``'s trainable hyperparameters from its training data; ``standardized``: the
-    targets were standardised, so their variance is 1 (exactly, not its round-off estimate)."""
+    targets were standardised, so their variance is 1 (exactly, not its round-off estimate);
+    ``target_moments``: the mean and variance of all the targets where ``(x, y)`` are only some of
+    the rows (streamed data: the first ones, which need not be typical); default ``y``'s own."""
     frozen = [(p, p.detach().clone()) for p in model.parameters() if not p.requires_grad]
-    _initialize(model, x, y, rng, restart, standardized)
+    _initialize(model, x, y, rng, restart, standardized, target_moments)
     for parameter, value in frozen:
         parameter.copy_(value)
 
 
-def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int, standardized: bool) -> None:
+def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int, standardized: bool,
+                target_moments: tuple[float, float] | None) -> None:
     diffs = pair_distances(x, rng)
-    variance = float(y.var()) if y.numel() > 1 else 1.0
+    if target_moments is None:
+        target_moments = float(y.mean()), float(y.var()) if y.numel() > 1 else 1.0
+    mean, variance = target_moments
     signal = 1.0 if standardized else variance
     set_noise(model, 0.01 * variance)
-    model.mean_module.constant.fill_(float(y.mean()))
+    model.mean_module.constant.fill_(mean)
     kernel = model.covar_module
     if not isinstance(kernel, FeatureKernel):  # exact GP: ScaleKernel(RBFKernel)
         base = kernel.base_kernel

@@ -234,6 +234,15 @@ class _Training:
         self.history = FitHistory(optimizer=optimizer)
         self.rng = np.random.default_rng(seed)
         self.initial = copy.deepcopy(model.state_dict()) if restarts else None
+        # Streamed, the initial data are the first rows, whose targets need not be typical (sorted by y,
+        # their mean was −0.57 in standardised units): the mean and noise start from all the targets'
+        # moments — 0 and 1 once standardised (the standardisation took them from all rows).
+        self.target_moments = None
+        if restarts and data is not None and standardize:
+            self.target_moments = (0.0, 1.0)
+        elif restarts and data is not None:
+            target_mean, target_std = data.moments(model)[2:]
+            self.target_moments = (float(target_mean), float(target_std) ** 2)
         self.best_state = None
         self.at_bound = None  # (loss, state) where the final optimisation ended, before the noise refit
         self.stage = ("restart", 0)
@@ -315,7 +324,7 @@ class _Training:
 
             def begin(restart=restart):
                 model.load_state_dict(self.initial)
-                initialize(model, *self.initial_data, self.rng, restart, standardized=self.standardize)
+                initialize(model, *self.initial_data, self.rng, restart, self.standardize, self.target_moments)
                 if self.data is not None:  # every process continues from rank 0's initial values
                     self.data.broadcast_state_(model)
 

@@ -190,6 +190,36 @@ def test_an_unstandardised_streamed_fit_refits_from_the_noise_the_in_memory_fit_
     assert torch.allclose(models[1].predict(x_test).mean, models[0].predict(x_test).mean, rtol=1e-8, atol=1e-8)
 
 
+@pytest.mark.parametrize("standardize", [True, False])
+def test_a_streamed_fit_initialises_the_mean_and_noise_from_all_targets(monkeypatch, standardize):
+    """Restarts initialise from the first 10 000 rows, but the mean constant and σ² = 0.01 var y came
+    from those rows too: with rows sorted by y (a time series, a file sorted by its target) the
+    streamed fit started at constant −0.568 (standardised; 3.76 unstandardised), the in-memory fit
+    at 0 (5.01)."""
+    import alacarte.training
+
+    starts = []
+
+    def recorded(model, *args, **kwargs):
+        initialize(model, *args, **kwargs)
+        starts.append((float(model.mean_module.constant.detach()), float(model.likelihood.noise.detach())))
+
+    initialize = alacarte.training.initialize
+    monkeypatch.setattr(alacarte.training, "initialize", recorded)
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(15_000, 2)))
+    y = 3 * torch.sin(x[:, 0]) + x[:, 1] + 5
+    order = torch.argsort(y)
+    x, y = x[order], y[order]
+    settings = dict(restarts=1, restart_iter=1, max_iter=1, standardize=standardize, progress=False)
+    for chunks in (None, 5000):
+        model = FeatureGP(None, None, FSARDKernel(2, 8, ard_num_dims=2, seed=0)).double()
+        alacarte.fit(model, x, y, chunk_size=chunks, **settings)
+    (mean, noise), (streamed_mean, streamed_noise) = starts
+    assert streamed_mean == pytest.approx(mean, rel=1e-9, abs=1e-9)
+    assert streamed_noise == pytest.approx(noise, rel=1e-9)
+
+
 def test_a_big_endian_memmap_trains_and_predicts_like_native_arrays(tmp_path):
     """A .npy file written big-endian (another machine's, a FITS table's) memory-maps with a
     non-native dtype, which torch refuses ("byte order different from the native byte order")."""
