@@ -78,15 +78,34 @@ def _draw_quantile(rng: np.random.Generator, restart: int) -> float:
     return 0.5 if restart == 0 else float(rng.uniform(*_QUANTILE_RANGE))
 
 
+def _set(module, name: str, value) -> Tensor:
+    """Set ``module.<name>`` to ``value`` moved inside the parameter's constraint, and return what was set.
+
+    A constraint the user chose (``lengthscale_constraint=Interval(0.05, 1)``) may exclude the
+    data-driven value (a lengthscale of 1.66), and the setter refused it: ``fit`` failed at its
+    first restart.  Values are kept 1% of a finite interval inside it, or at least twice a positive
+    lower bound (near it the softplus flattens the gradient); the default constraints (positive,
+    (0, 1)) leave every data-driven value as it is."""
+    raw = getattr(module, f"raw_{name}")
+    value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
+    constraint = getattr(module, f"raw_{name}_constraint")
+    lower, upper = constraint.lower_bound.to(value), constraint.upper_bound.to(value)
+    if bool(torch.isfinite(upper).all()):
+        margin = 0.01 * (upper - lower)
+        value = torch.minimum(torch.maximum(value, lower + margin), upper - margin)
+    else:
+        value = torch.maximum(value, 2 * lower)
+    setattr(module, name, value)
+    return value
+
+
 @torch.no_grad()
 def set_noise(model, variance: float) -> None:
-    """Set σ², raised to twice its constraint's lower bound if below it and lowered to the middle
-    of an ``Interval`` if above that (GPyTorch refuses values outside the bounds: unstandardised
-    targets of tiny scale give such values, and so did an upper bound under 0.1, where the noise
-    refit raised a RuntimeError after the whole fit had run)."""
-    constraint = model.likelihood.noise_covar.raw_noise_constraint
-    low, high = float(constraint.lower_bound), float(constraint.upper_bound)
-    model.likelihood.noise = min(max(variance, 2 * low), (low + high) / 2)
+    """Set σ², raised to twice its constraint's lower bound if below it (GPyTorch refuses
+    values under the bound; unstandardised targets of tiny scale give such values), or moved
+    inside an upper bound the user set (below 0.1, the noise refit's start raised a RuntimeError
+    after the whole fit had run)."""
+    _set(model.likelihood.noise_covar, "noise", variance)
 
 
 @torch.no_grad()
@@ -115,31 +134,34 @@ def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: 
     if not isinstance(kernel, FeatureKernel):  # exact GP: ScaleKernel(RBFKernel)
         base = kernel.base_kernel
         ard = base.ard_num_dims is not None and base.ard_num_dims > 1
-        base.lengthscale = _lengthscales(diffs, _draw_quantile(rng, restart), ard)
-        kernel.outputscale = torch.as_tensor(signal, dtype=kernel.raw_outputscale.dtype)  # (a float goes via float32)
+        _set(base, "lengthscale", _lengthscales(diffs, _draw_quantile(rng, restart), ard))
+        _set(kernel, "outputscale", signal)
         return
     if kernel.has_outputscale:
-        kernel.outputscale = signal
+        _set(kernel, "outputscale", signal)
     # simplex kernels too: per-input scales give π a different start at each restart
     ard = kernel.simplex or (kernel.has_lengthscale and kernel.raw_lengthscale.shape[-1] > 1)
     if isinstance(kernel, SpectralMixtureFastfoodKernel):
         q_count, d = kernel.num_components, kernel.num_dims
         scales = torch.stack([1.0 / _lengthscales(diffs, _draw_quantile(rng, restart + c), True).reshape(d)
                               for c in range(q_count)])
-        kernel.scales = scales
+        scales = _set(kernel, "scales", scales)
         kernel.means.copy_(_on(rng.normal(0.0, 0.1, size=(q_count, d)), scales) * scales)
-        kernel.weights = torch.full((q_count,), signal / q_count, dtype=scales.dtype)
+        _set(kernel, "weights", signal / q_count)
         return
     lengthscale = _lengthscales(diffs, _draw_quantile(rng, restart), ard)
     if isinstance(kernel, SSGPRKernel):
         eps = _on(rng.standard_normal(tuple(kernel.frequencies.shape)), lengthscale)
         kernel.frequencies.copy_(eps / lengthscale.reshape(-1))
         return
-    kernel.lengthscale = lengthscale
+    if kernel.simplex:  # γ = c·π: no lengthscale constraint
+        kernel.lengthscale = lengthscale
+    else:
+        _set(kernel, "lengthscale", lengthscale)
     if isinstance(kernel, PiecewiseLinearRadialKernel):
         c = kernel.num_components
-        kernel.modes = math.sqrt(padded_dim(kernel.num_dims)) * torch.as_tensor(rng.uniform(0.5, 1.5, size=c))
-        kernel.width_ratios = torch.full((c,), 0.5)
-        kernel.weights = torch.full((c,), signal / c, dtype=lengthscale.dtype)
+        _set(kernel, "modes", math.sqrt(padded_dim(kernel.num_dims)) * torch.as_tensor(rng.uniform(0.5, 1.5, size=c)))
+        _set(kernel, "width_ratios", 0.5)
+        _set(kernel, "weights", signal / c)
     elif not isinstance(kernel, (FastfoodRBFKernel, RandomFourierKernel)):
         raise ValueError(f"no data-driven initialisation for {type(kernel).__name__}; use restarts=0")

@@ -753,6 +753,31 @@ def test_unstandardised_targets_start_from_their_own_variance():
         assert float(model.likelihood.noise.detach()) == pytest.approx(0.01 * float(y.var()), rel=1e-6)
 
 
+def test_restarts_start_inside_the_constraints_the_user_set():
+    """A data-driven value outside a user's constraint was refused by the setter, so fit failed at
+    its first restart: lengthscale_constraint=Interval(0.05, 1) against an initial 1.66 ("lengthscale
+    must be ... strictly inside (0.05, 1)"), GM scales in (0.9, 2) against 0.6, a noise in (1e-3, 5e-3)
+    against 0.01 (GPyTorch's RuntimeError)."""
+    from gpytorch.constraints import Interval
+
+    x, y = toy_data(n=100)
+    models = [
+        FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0, lengthscale_constraint=Interval(0.05, 1.0))),
+        FeatureGP(None, None, alacarte.SpectralMixtureFastfoodKernel(3, 32, num_components=2, seed=0,
+                                                                     scales_constraint=Interval(0.9, 2.0))),
+        FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0),
+                  likelihood=gpytorch.likelihoods.GaussianLikelihood(noise_constraint=Interval(1e-3, 5e-3))),
+        ExactRBFGP(None, None, num_dims=3, ard=True),
+    ]
+    models[-1].covar_module.base_kernel.register_constraint("raw_lengthscale", Interval(0.05, 1.0))
+    for model in models:
+        model.double()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # (a noise at its bound, on purpose)
+            history = fit(model, x, y, restarts=2, restart_iter=2, max_iter=2, progress=False)
+        assert all(np.isfinite(history.restart_losses)), type(model.covar_module).__name__
+
+
 def test_restarts_of_a_simplex_kernel_with_a_fixed_size_start_from_different_points():
     x, y = toy_data(n=100, d=4)
     kernel = FSARDKernel(4, 32, ard_num_dims=4, simplex=True, learn_simplex_size=False, seed=0)
