@@ -753,6 +753,19 @@ def test_unstandardised_targets_start_from_their_own_variance():
         assert float(model.likelihood.noise.detach()) == pytest.approx(0.01 * float(y.var()), rel=1e-6)
 
 
+def test_ard_and_isotropic_initial_lengthscales_relate_as_documented():
+    """alacarte.init's docstring said the sqrt(d) factor made an ARD initialisation of isotropic data
+    equal the isotropic one; it is 0.67× it at large d (the median of |N(0, 2)| is 0.95, a full
+    distance ~ sqrt(2d))."""
+    from alacarte.init import _lengthscales, pair_distances
+
+    for d, ratio in ((2, 0.81), (10, 0.70), (100, 0.676)):
+        x = torch.randn(4000, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        diffs = pair_distances(x, np.random.default_rng(0), 20_000)
+        ard, isotropic = _lengthscales(diffs, 0.5, True), _lengthscales(diffs, 0.5, False)
+        assert float(ard.mean() / isotropic) == pytest.approx(ratio, abs=0.02), d
+
+
 def test_restarts_start_inside_the_constraints_the_user_set():
     """A data-driven value outside a user's constraint was refused by the setter, so fit failed at
     its first restart: lengthscale_constraint=Interval(0.05, 1) against an initial 1.66 ("lengthscale
