@@ -21,7 +21,7 @@ from .kernels import (
     SpectralMixtureFastfoodKernel,
     SSGPRKernel,
 )
-from ._validation import check_positive_int
+from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
 __all__ = ["KERNEL_NAMES", "make_model", "default_dtype", "floating_state"]
@@ -122,6 +122,7 @@ def make_model(
         'SpectralMixtureFastfoodKernel'
     """
     num_dims = check_positive_int(num_dims, "num_dims")
+    seed = check_seed(seed)  # here, not only in the feature kernels: an exact model ignored seed="x" silently
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     if isinstance(kernel, FeatureKernel):

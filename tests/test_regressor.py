@@ -178,6 +178,9 @@ def test_factory_knows_every_name_and_checks_dimensions():
         make_model("nope", 3)
     with pytest.raises(ValueError, match="built for 2 input dimensions"):
         make_model(ac.FSARDKernel(2, 8, seed=0), 3)
+    for name in ("exact-rbf", "gm"):  # the exact model accepted any seed, "x" included
+        with pytest.raises(ValueError, match="seed must be None or an integer"):
+            make_model(name, 3, seed="x")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
