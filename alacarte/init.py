@@ -129,6 +129,9 @@ def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: 
     if target_moments is None:
         target_moments = float(y.mean()), float(y.var()) if y.numel() > 1 else 1.0
     mean, variance = target_moments
+    if not 0 < variance < math.inf:  # unstandardised y of scale 1e160 (or 1e-170): var y over- (under-)flows
+        raise ValueError(f"the targets' variance is {variance:g} in the model's dtype: no signal or noise variance "
+                         "can start from it; fit with standardize=True (the default), or rescale y")
     signal = 1.0 if standardized else variance
     set_noise(model, 0.01 * variance)
     model.mean_module.constant.fill_(mean)

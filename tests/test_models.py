@@ -791,6 +791,16 @@ def test_restarts_start_inside_the_constraints_the_user_set():
         assert all(np.isfinite(history.restart_losses)), type(model.covar_module).__name__
 
 
+@pytest.mark.parametrize("unit", [1e160, 1e-170])
+def test_unstandardised_targets_whose_variance_is_not_a_float_are_refused_by_name(unit):
+    """var y of targets in units of 1e160 (1e-170) is inf (0) in float64; the restarts' initialisation
+    then failed with "outputscale must be finite and strictly inside (0, inf), got inf" (got 0.0),
+    which names neither the targets nor a remedy."""
+    x, y = toy_data(n=50)
+    with pytest.raises(ValueError, match=r"the targets' variance is (inf|0) .*standardize=True"):
+        fit(feature_model(), x, unit * y, standardize=False, restarts=1, restart_iter=1, max_iter=1, progress=False)
+
+
 def test_restarts_of_a_simplex_kernel_with_a_fixed_size_start_from_different_points():
     x, y = toy_data(n=100, d=4)
     kernel = FSARDKernel(4, 32, ard_num_dims=4, simplex=True, learn_simplex_size=False, seed=0)
