@@ -92,7 +92,7 @@ def _set(module, name: str, value) -> Tensor:
     value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
     constraint = getattr(module, f"raw_{name}_constraint")
     lower, upper = constraint.lower_bound.to(value), constraint.upper_bound.to(value)
-    if bool(torch.isfinite(upper).all()):
+    if bool((torch.isfinite(lower) & torch.isfinite(upper)).all()):
         margin = 0.01 * (upper - lower)
         value = torch.minimum(torch.maximum(value, lower + margin), upper - margin)
     else:
