@@ -468,9 +468,14 @@ def test_a_noise_with_an_upper_bound_is_initialised_and_refitted_inside_it(upper
     y = 10 * torch.sin(x[:, 0]) + x[:, 1]  # noise-free: the fit ends at the lower bound and is refitted
     likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.Interval(1e-4, upper))
     model = FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0), likelihood).double()
-    with pytest.warns(RuntimeWarning, match="ended at its lower bound"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         history = fit(model, x, y, max_iter=20, restarts=1, restart_iter=3, progress=False)
-    assert history.noise_refit_loss is not None and 0.99e-4 < model.likelihood.noise.item() <= upper
+    assert 0.99e-4 < model.likelihood.noise.item() <= upper
+    # where σ² ends within twice its lower bound the refit runs, from 0.1 × var y moved inside the interval
+    # (under 3e-4 = 3 × the lower bound the fit may end above 2e-4, not at the bound)
+    at_bound = any("ended at its lower bound" in str(w.message) for w in caught)
+    assert at_bound == (history.noise_refit_loss is not None) and (at_bound or upper < 1e-3)
 
 
 def test_a_noise_that_is_not_trained_is_left_at_its_bound():
