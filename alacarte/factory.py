@@ -117,6 +117,7 @@ def make_model(
         dtype: floating dtype of a named model's parameters and state.
 
     Example:
+        >>> from alacarte.factory import make_model
         >>> model = make_model("gm", num_dims=6, num_samples=128, seed=0)
         >>> type(model.covar_module).__name__
         'SpectralMixtureFastfoodKernel'

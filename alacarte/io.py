@@ -22,9 +22,14 @@ fsync'ed, and replace the target with one ``os.replace``: a crash mid-write
 leaves the previous file as it was.
 
 Example:
-    >>> from alacarte.io import save_model, load_model
-    >>> save_model(regressor, "yacht.alacarte")     # or a FeatureGP / ExactRBFGP
-    >>> same = load_model("yacht.alacarte")
+    >>> import numpy as np
+    >>> from alacarte import AlaCarteRegressor
+    >>> from alacarte.io import load_model, save_model
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(-2, 2, (100, 2)); y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(100)
+    >>> regressor = AlaCarteRegressor("fsard", num_samples=32, max_iter=20, restarts=0).fit(X, y)
+    >>> path = save_model(regressor, "sine.alacarte")     # or a FeatureGP / ExactRBFGP
+    >>> same = load_model(path)
     >>> np.array_equal(same.predict(X), regressor.predict(X))
     True
 """

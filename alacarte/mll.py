@@ -52,10 +52,20 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
     no n×n matrix is formed.
 
     Example:
-        >>> model = FeatureGP(x, y, FSARDKernel(num_dims=x.shape[-1], num_samples=256))
+        >>> import torch
+        >>> from gpytorch.mlls import ExactMarginalLogLikelihood
+        >>> from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood
+        >>> x = torch.rand(100, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> y = torch.sin(6 * x[:, 0])
+        >>> model = FeatureGP(x, y, FSARDKernel(num_dims=3, num_samples=64, ard_num_dims=3, seed=0)).double()
         >>> mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
         >>> loss = -mll(model(x), y)
-        >>> loss.backward()
+        >>> loss.backward()                          # gradients for any torch optimiser
+        >>> model.covar_module.raw_lengthscale.grad.shape
+        torch.Size([1, 3])
+        >>> exact = ExactMarginalLogLikelihood(model.likelihood, model)   # the n×n way, O(n³)
+        >>> torch.allclose(-loss, exact(model(x), y))
+        True
     """
 
     def __init__(self, likelihood: GaussianLikelihood, model):

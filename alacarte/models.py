@@ -247,10 +247,19 @@ class FeatureGP(_StandardizedGP):
         likelihood: a ``GaussianLikelihood`` (default: a new one).
 
     Example:
-        >>> kernel = FSARDKernel(num_dims=8, num_samples=512, ard_num_dims=8)
-        >>> model = FeatureGP(None, None, kernel)
-        >>> history = fit(model, x, y)
-        >>> pred = model.predict(x_test)   # mean, variance, observed_variance
+        >>> import torch
+        >>> from alacarte import FeatureGP, FSARDKernel, fit
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(200, 3, generator=generator) * 4 - 2
+        >>> f = torch.sin(2 * x[:, 0])                # only the first input matters
+        >>> y = f + 0.1 * torch.randn(200, generator=generator)
+        >>> model = FeatureGP(None, None, FSARDKernel(num_dims=3, num_samples=64, ard_num_dims=3, seed=0))
+        >>> history = fit(model, x, y, max_iter=30, restarts=0)
+        >>> pred = model.predict(x)                   # mean, variance, observed_variance
+        >>> pred.variance.shape, bool((pred.mean - f).square().mean().sqrt() < 0.1)
+        (torch.Size([200]), True)
+        >>> model.covar_module.relevance.argmax().item()
+        0
     """
 
     def __init__(self, train_x, train_y, kernel: FeatureKernel, likelihood: GaussianLikelihood | None = None):
@@ -368,8 +377,17 @@ class FeatureGP(_StandardizedGP):
         :meth:`sample_functions` use this posterior until the next training.
 
         Example:
-            >>> model.cache_posterior(np.load("x.npy", mmap_mode="r"), np.load("y.npy", mmap_mode="r"))
-            >>> model.predict(x_test).mean
+            >>> import numpy as np
+            >>> from alacarte import FeatureGP, FSARDKernel, fit
+            >>> rng = np.random.default_rng(0)
+            >>> x = rng.uniform(-2, 2, (200, 3)); y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(200)
+            >>> model = FeatureGP(None, None, FSARDKernel(num_dims=3, num_samples=64, ard_num_dims=3, seed=0))
+            >>> history = fit(model, x[:100], y[:100], max_iter=30, restarts=0)   # hyperparameters from a subset
+            >>> np.save("x.npy", x); np.save("y.npy", y)
+            >>> _ = model.cache_posterior(np.load("x.npy", mmap_mode="r"), np.load("y.npy", mmap_mode="r"),
+            ...                           chunk_size=64)   # all 200 rows, 64 at a time
+            >>> model.predict(x[:5]).mean.shape
+            torch.Size([5])
         """
         data = as_chunked_data(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
                                statistics_dtype=statistics_dtype)
@@ -405,8 +423,18 @@ class FeatureGP(_StandardizedGP):
             seed: seed of the draws (``None``: torch's global generator).
 
         Example:
+            >>> import torch
+            >>> from alacarte import FeatureGP, FSARDKernel, fit
+            >>> generator = torch.Generator().manual_seed(0)
+            >>> x = torch.rand(200, 3, generator=generator) * 4 - 2
+            >>> y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(200, generator=generator)
+            >>> model = FeatureGP(None, None, FSARDKernel(num_dims=3, num_samples=64, ard_num_dims=3, seed=0))
+            >>> history = fit(model, x, y, max_iter=30, restarts=0)
             >>> draws = model.sample_functions(16, seed=0)
-            >>> draws(x_test).shape      # (16, len(x_test)), original units
+            >>> draws(x[:5]).shape      # (draws, points), in the units of y
+            torch.Size([16, 5])
+            >>> torch.equal(draws(x[:5]), model.sample_functions(16, seed=0)(x[:5]))
+            True
         """
         check_positive_int(num_samples, "num_samples")
         if not self._has_data():
@@ -443,9 +471,19 @@ class ExactRBFGP(_StandardizedGP):
     ``k(x, x') = σ_f² exp(−½‖(x − x')/ℓ‖²)``; O(n³) — for n up to a few thousand.
 
     Example:
-        >>> model = ExactRBFGP(None, None, num_dims=8, ard=True)
-        >>> fit(model, x, y)
-        >>> model.predict(x_test).mean
+        >>> import torch
+        >>> from alacarte import ExactRBFGP, fit
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(200, 3, generator=generator) * 4 - 2
+        >>> f = torch.sin(2 * x[:, 0])                # only the first input matters
+        >>> y = f + 0.1 * torch.randn(200, generator=generator)
+        >>> model = ExactRBFGP(None, None, num_dims=3, ard=True)
+        >>> history = fit(model, x, y, max_iter=30, restarts=0)
+        >>> bool((model.predict(x).mean - f).square().mean().sqrt() < 0.1)
+        True
+        >>> lengthscale = model.covar_module.base_kernel.lengthscale.squeeze(0)
+        >>> bool((lengthscale[1:] > 10 * lengthscale[0]).all())
+        True
     """
 
     def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False, likelihood=None):

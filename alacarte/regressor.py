@@ -108,10 +108,18 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
     :func:`sklearn.utils.estimator_checks.check_estimator` passes.
 
     Example:
+        >>> import numpy as np
         >>> from alacarte import AlaCarteRegressor
-        >>> reg = AlaCarteRegressor("gm", num_samples=128).fit(X_train, y_train)
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.uniform(-2, 2, (200, 3)); y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(200)
+        >>> X_train, X_test, y_train, y_test = X[:150], X[150:], y[:150], y[150:]
+        >>> reg = AlaCarteRegressor("gm", num_samples=32, num_components=2, max_iter=30, restarts=2,
+        ...                         restart_iter=5).fit(X_train, y_train)
         >>> mean, std = reg.predict(X_test, return_std=True)
-        >>> reg.score(X_test, y_test), reg.relevance_
+        >>> mean.shape, std.shape, bool(reg.score(X_test, y_test) > 0.9)
+        ((50,), (50,), True)
+        >>> int(reg.relevance_.argmax())             # y depends on the first input only
+        0
     """
 
     def __init__(

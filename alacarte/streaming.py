@@ -24,9 +24,25 @@ left is then that of rounding Φ to float32 (the loss moves by O(‖δΦ‖/σ))
 not that of a float32 ΦᵀΦ and Cholesky (O(‖δ(ΦᵀΦ)‖/σ²), which ruins small-noise fits).
 
 Example:
-    >>> data = ChunkedData(x, y, memory_budget=256 * 2**20)   # or a memmap, or a DataLoader of (x, y)
-    >>> loss = streamed_negative_mll(model, data)             # per point; sets .grad on the parameters
-    >>> alacarte.fit(model, x_memmap, y_memmap, memory_budget=2**30)   # the same inside fit
+    >>> import numpy as np
+    >>> import torch
+    >>> import alacarte
+    >>> from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood
+    >>> from alacarte.streaming import ChunkedData, streamed_negative_mll
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.uniform(-2, 2, (1000, 3)); y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(1000)
+    >>> np.save("x.npy", x); np.save("y.npy", y)
+    >>> x_memmap, y_memmap = np.load("x.npy", mmap_mode="r"), np.load("y.npy", mmap_mode="r")
+    >>> data = ChunkedData(x_memmap, y_memmap, chunk_size=256)   # or memory_budget=, or a DataLoader of (x, y)
+    >>> model = FeatureGP(x, y, FSARDKernel(num_dims=3, num_samples=64, ard_num_dims=3, seed=0)).double()
+    >>> loss = streamed_negative_mll(model, data)   # per point; sets .grad on the parameters
+    >>> mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
+    >>> torch.allclose(loss, -mll(model(*model.train_inputs), model.train_targets))   # all rows at once
+    True
+    >>> model = FeatureGP(None, None, FSARDKernel(num_dims=3, num_samples=64, ard_num_dims=3, seed=0))
+    >>> history = alacarte.fit(model, x_memmap, y_memmap, memory_budget=2**20, max_iter=20, restarts=0)
+    >>> model.predict(x[:5]).mean.shape   # the same inside fit, a chunk of rows in memory at a time
+    torch.Size([5])
 """
 from __future__ import annotations
 

@@ -485,10 +485,17 @@ def fit(
             constant target, magnitudes that overflow) or a bad setting.
 
     Example:
-        >>> model = FeatureGP(None, None, FSARDKernel(num_dims=8, num_samples=512, ard_num_dims=8))
-        >>> history = fit(model, x, y, max_iter=50)
-        >>> history.loss[-1] < history.loss[0]
-        True
+        >>> import torch
+        >>> from alacarte import FeatureGP, FSARDKernel, fit
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> x = torch.rand(200, 3, generator=generator) * 4 - 2
+        >>> y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(200, generator=generator)
+        >>> model = FeatureGP(None, None, FSARDKernel(num_dims=3, num_samples=64, ard_num_dims=3, seed=0))
+        >>> history = fit(model, x, y, max_iter=30, restarts=2, restart_iter=5)
+        >>> len(history.restart_losses), history.loss[-1] < history.loss[0]
+        (2, True)
+        >>> model.training                           # left in eval mode, ready to predict
+        False
     """
     if optimizer not in ("lbfgs", "adam"):
         raise ValueError(f"optimizer must be 'lbfgs' or 'adam', got {optimizer!r}")

@@ -175,7 +175,8 @@ def load_uci(name: str, split: int, data_dir: str | os.PathLike | None = None) -
             (:func:`cache_dir`), downloading and checksumming missing files.
 
     Example:
-        >>> s = load_uci("yacht", 0, "../shared/uci")
+        >>> from alacarte import load_uci
+        >>> s = load_uci("yacht", 0)                   # from $ALACARTE_DATA, else downloaded
         >>> s.x_train.shape, s.x_test.shape
         ((278, 6), (30, 6))
     """

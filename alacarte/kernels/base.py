@@ -231,6 +231,8 @@ class FeatureKernel(Kernel):
         projections leave ~6e-9 on inputs a float64 fit sets to exactly 0); 0: every input in use.
 
         Example:
+            >>> import torch
+            >>> from alacarte import FSARDKernel
             >>> kernel = FSARDKernel(3, 64, ard_num_dims=3, simplex=True)
             >>> kernel.simplex_weights.data = torch.tensor([[0.7, 0.0, 0.3]])
             >>> kernel.selected()

@@ -70,6 +70,8 @@ class FastfoodRBFKernel(FeatureKernel):
             :func:`~alacarte.features.fastfood.choose_strategy`); all give the same features to round-off.
 
     Example:
+        >>> import torch
+        >>> from alacarte import FastfoodRBFKernel
         >>> kernel = FastfoodRBFKernel(num_dims=8, num_samples=1024, ard_num_dims=8, seed=0)
         >>> x = torch.randn(100, 8)
         >>> kernel(x).to_dense().shape
@@ -114,6 +116,7 @@ class FSARDKernel(FastfoodRBFKernel):
     stay random, their lengths — the radial spectral density — are learned.
 
     Example:
+        >>> from alacarte import FSARDKernel
         >>> kernel = FSARDKernel(num_dims=8, num_samples=512, ard_num_dims=8, seed=0)
         >>> kernel.radius.shape
         torch.Size([512])
@@ -131,6 +134,7 @@ class FSGBARDKernel(FSARDKernel):
     :math:`\sqrt p\,\|g_k\|`, so at initialisation the kernel equals FSARD.
 
     Example:
+        >>> from alacarte import FSGBARDKernel
         >>> kernel = FSGBARDKernel(num_dims=8, num_samples=512, ard_num_dims=8, seed=0)
         >>> sorted(n for n, _ in kernel.named_parameters())[:3]
         ['gauss', 'raw_lengthscale', 'raw_outputscale']

@@ -62,6 +62,7 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
     radii concentrate near ``sqrt(p)``), ``β = 0.5``, ``π_c = 1/C``.
 
     Example:
+        >>> from alacarte import PiecewiseLinearRadialKernel
         >>> kernel = PiecewiseLinearRadialKernel(num_dims=4, num_samples=512, num_components=4,
         ...                                      ard_num_dims=4, seed=0)
         >>> kernel.radii().shape

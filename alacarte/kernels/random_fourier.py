@@ -25,6 +25,8 @@ class RandomFourierKernel(FeatureKernel):
     projection costs O(n M d).  The reference Fastfood is compared against.
 
     Example:
+        >>> import torch
+        >>> from alacarte import RandomFourierKernel
         >>> kernel = RandomFourierKernel(num_dims=3, num_samples=256, seed=0)
         >>> kernel.features(torch.randn(10, 3)).shape
         torch.Size([10, 512])
@@ -55,6 +57,7 @@ class SSGPRKernel(FeatureKernel):
     lengthscale parameter: it would be redundant with the frequencies.
 
     Example:
+        >>> from alacarte import SSGPRKernel
         >>> kernel = SSGPRKernel(num_dims=3, num_samples=64, lengthscale=0.5, seed=0)
         >>> kernel.frequencies.shape
         torch.Size([64, 3])

@@ -60,6 +60,8 @@ class SpectralMixtureFastfoodKernel(FastfoodMixtureKernel):
     that components can separate; see :mod:`alacarte.init` for data-driven values).
 
     Example:
+        >>> import torch
+        >>> from alacarte import SpectralMixtureFastfoodKernel
         >>> kernel = SpectralMixtureFastfoodKernel(num_dims=4, num_samples=512, num_components=4, seed=0)
         >>> kernel.features(torch.randn(10, 4)).shape
         torch.Size([10, 1024])

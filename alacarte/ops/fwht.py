@@ -262,6 +262,8 @@ def fwht(x: Tensor) -> Tensor:
         ValueError: if ``p`` is not a power of two.
 
     Example:
+        >>> import torch
+        >>> from alacarte.ops.fwht import fwht
         >>> y = fwht(torch.eye(4))   # rows of H_4
         >>> torch.equal(fwht(y), 4 * torch.eye(4))
         True

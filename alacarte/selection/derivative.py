@@ -154,6 +154,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     ``refit_`` (whether ``predict`` uses it), ``x_train_`` (the standardised training inputs).
 
     Example:
+        >>> from alacarte import DerivativeSelector
         >>> from alacarte.datasets import make_rosasco
         >>> x, y, relevant = make_rosasco("f3", 80, seed=0)
         >>> model = DerivativeSelector(tau=1e-3, gamma=0.6).fit(x, y)

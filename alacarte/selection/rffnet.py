@@ -300,6 +300,7 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
     ``best_epoch_`` (the epoch restored), ``n_random_features_``.
 
     Example:
+        >>> from alacarte import RFFNetRegressor
         >>> from alacarte.datasets import make_se1
         >>> x, y, relevant = make_se1(2000, seed=0)
         >>> model = RFFNetRegressor(max_epochs=20, random_state=0).fit(x, y)
@@ -329,6 +330,7 @@ class RFFNetClassifier(ClassifierMixin, _RFFNetBase):
 
     Example:
         >>> import numpy as np
+        >>> from alacarte import RFFNetClassifier
         >>> rng = np.random.default_rng(0)
         >>> x = rng.standard_normal((500, 5)); labels = np.where(x[:, 0] * x[:, 1] > 0, "a", "b")
         >>> clf = RFFNetClassifier(max_epochs=30, random_state=0).fit(x, labels)

@@ -31,6 +31,8 @@ def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
     and sums to ``size`` to round-off (float64: ~1e-15 relative).
 
     Example:
+        >>> import torch
+        >>> from alacarte.selection import project_to_simplex
         >>> project_to_simplex(torch.tensor([0.5, 0.9, -1.0]))
         tensor([0.3000, 0.7000, 0.0000])
     """

@@ -196,11 +196,15 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         simplex_size_: ``c``; ``n_iter_``: alternations of the final fit.
 
     Example:
-        >>> from alacarte.datasets import make_se1
-        >>> x, y, relevant = make_se1(2000, seed=0)
-        >>> model = SRFFRegressor(random_state=0).fit(x, y)
-        >>> model.selected_                          # ideally (0, 2, 6, 7, 8)
-        >>> model.predict(x[:5])
+        >>> import numpy as np
+        >>> from alacarte import SRFFRegressor
+        >>> rng = np.random.default_rng(2)
+        >>> x = rng.uniform(-2, 2, (200, 5)); y = np.sin(2 * x[:, 0]) * x[:, 2] + 0.1 * rng.standard_normal(200)
+        >>> model = SRFFRegressor(n_components=50, random_state=0).fit(x, y)
+        >>> sorted(np.argsort(model.relevance_)[-2:].tolist())   # the two inputs y depends on
+        [0, 2]
+        >>> model.predict(x[:5]).shape, bool(model.score(x, y) > 0.9)
+        ((5,), True)
     """
 
     def __init__(
