@@ -255,6 +255,19 @@ def negative_log_marginal_likelihood(stats: SufficientStatistics, noise: Tensor)
     Args:
         stats: ΦᵀΦ, Φᵀr, rᵀr, n.
         noise: σ², shape broadcastable to the batch shape of the statistics.
+
+    Example:
+        >>> import torch
+        >>> from alacarte.woodbury import negative_log_marginal_likelihood, sufficient_statistics
+        >>> from torch.distributions import MultivariateNormal
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> phi = torch.randn(50, 8, generator=generator, dtype=torch.float64)   # n = 50 rows, D = 8
+        >>> r = torch.randn(50, generator=generator, dtype=torch.float64)
+        >>> noise = torch.tensor(0.1, dtype=torch.float64)
+        >>> loss = negative_log_marginal_likelihood(sufficient_statistics(phi, r), noise)
+        >>> K = phi @ phi.T + noise * torch.eye(50, dtype=torch.float64)   # the n×n way
+        >>> torch.allclose(loss, -MultivariateNormal(torch.zeros_like(r), K).log_prob(r))
+        True
     """
     noise = torch.as_tensor(noise, dtype=stats.gram.dtype, device=stats.gram.device)
     return _NegativeLogMarginalLikelihood.apply(stats.gram, stats.phi_r, stats.r_r, noise, stats.n)

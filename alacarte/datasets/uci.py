@@ -80,7 +80,13 @@ def canonical_name(name: str) -> str:
 
 
 def list_uci() -> dict[str, tuple[int, int]]:
-    """Every dataset's folder name with its (n, d)."""
+    """Every dataset's folder name with its (n, d).
+
+    Example:
+        >>> from alacarte import list_uci
+        >>> list_uci()["yacht"]
+        (308, 6)
+    """
     return {name: (entry["n"], entry["d"]) for name, entry in sorted(_registry().items())}
 
 
