@@ -82,6 +82,18 @@ class FeatureKernel(Kernel):
         **kwargs: passed to :class:`gpytorch.kernels.Kernel` (``ard_num_dims``,
             ``batch_shape``, ``lengthscale_prior`` …; ``active_dims`` in GPyTorch's
             models — :class:`~alacarte.FeatureGP` refuses it, select the columns instead).
+
+    Example:
+        >>> import torch
+        >>> from alacarte import FSARDKernel
+        >>> kernel = FSARDKernel(num_dims=2, num_samples=64, seed=0)   # a FeatureKernel
+        >>> kernel.outputscale = 2.0
+        >>> x = torch.randn(5, 2, generator=torch.Generator().manual_seed(0))
+        >>> phi = kernel.features(x)                  # (n, 2M)
+        >>> phi.shape, torch.allclose(kernel(x).to_dense(), phi @ phi.T)
+        (torch.Size([5, 128]), True)
+        >>> torch.allclose((phi**2).sum(-1), torch.full((5,), 2.0))   # k(x, x) = σ_f² exactly
+        True
     """
 
     outputscale = ConstrainedParameter()
