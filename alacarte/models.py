@@ -465,6 +465,22 @@ class FeatureGP(_StandardizedGP):
         return mean, None if mean_only else posterior.latent_variance(phi)
 
 
+class _RBFKernel(RBFKernel):
+    """GPyTorch's RBF kernel, with a cross-covariance's squared distances taken about x2's mean.
+
+    GPyTorch expands ‖a − b‖² = ‖a‖² + ‖b‖² − 2aᵀb about the mean of x1, which for a prediction is
+    the test chunk: one test row far outside the data moved that mean and every other row's distances
+    drowned in cancellation (a row at 1e8 beside [0.5, 0.5, 0.5] moved its mean from 0.409 to −0.483,
+    at 1e10 to 9.11). Centred on the training inputs (x2 there), each test row stands alone.
+    k(x1, x2) = k(x2, x1)ᵀ; equal inputs (training) keep GPyTorch's own order, bit for bit.
+    """
+
+    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params) -> Tensor:
+        if diag or torch.equal(x1, x2):
+            return super().forward(x1, x2, diag=diag, **params)
+        return super().forward(x2, x1, **params).transpose(-2, -1)
+
+
 class ExactRBFGP(_StandardizedGP):
     r"""Exact GP with GPyTorch's RBF (isotropic) or ARD kernel: the reference baseline.
 
@@ -488,7 +504,7 @@ class ExactRBFGP(_StandardizedGP):
 
     def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False, likelihood=None):
         super().__init__(train_x, train_y, likelihood, num_dims)
-        self.covar_module = ScaleKernel(RBFKernel(ard_num_dims=num_dims if ard else None))
+        self.covar_module = ScaleKernel(_RBFKernel(ard_num_dims=num_dims if ard else None))
         self._strategy_parameters: list[Tensor] | None = None  # what prediction_strategy was computed from
 
     def __call__(self, *args, **kwargs):

@@ -181,6 +181,25 @@ def test_a_finite_input_that_overflows_once_standardised_is_refused_not_spread_a
             model.sample_functions(2, seed=0)(far)
 
 
+@pytest.mark.parametrize("ard", [True, False])
+def test_exact_predictions_of_a_row_do_not_depend_on_the_other_test_rows(ard):
+    """GPyTorch expands squared distances about the test chunk's mean: a row at 1e8 beside
+    [0.5, 0.5, 0.5] moved that row's mean by 0.89 (1e10: by 8.7). Each row must stand alone, and a
+    row far from the data gets the prior mean."""
+    x, y = toy_data()
+    model = ExactRBFGP(None, None, num_dims=3, ard=ard).double()
+    fit(model, x, y, max_iter=5, restarts=0, progress=False)
+    good = torch.tensor([[0.5, 0.5, 0.5], [0.1, -0.2, 0.3]], dtype=torch.float64)
+    alone = model.predict(good)
+    for far in (1e4, 1e8, 1e10, 1e100):
+        pred = model.predict(torch.cat([torch.tensor([[far, 0.0, 0.0]], dtype=torch.float64), good]))
+        torch.testing.assert_close(pred.mean[1:], alone.mean, rtol=0, atol=1e-12)
+        torch.testing.assert_close(pred.variance[1:], alone.variance, rtol=0, atol=1e-12)
+        if far >= 1e8:
+            prior_mean = model.mean_module.constant.detach() * model.target_scale + model.target_offset
+            torch.testing.assert_close(pred.mean[0], prior_mean.reshape(()), rtol=0, atol=1e-12)
+
+
 def test_fit_rejects_bad_settings():
     x, y = toy_data()
     with pytest.raises(ValueError, match="optimizer"):
