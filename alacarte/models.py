@@ -82,7 +82,9 @@ class FunctionSamples:
         inner = model.internal_query_inputs(x)
         weights = self.weights.transpose(-1, -2).to(inner.dtype)
         f = model.mean_module(inner).unsqueeze(-1) + model.covar_module.features(inner) @ weights
-        return (f * model.target_scale + model.target_offset).transpose(-1, -2)
+        f = (f * model.target_scale + model.target_offset).transpose(-1, -2)
+        model.refuse_overflowed_rows(f)
+        return f
 
 
 class _StandardizedGP(ExactGP):
@@ -144,6 +146,19 @@ class _StandardizedGP(ExactGP):
             raise ValueError(f"x rows {rows} (first 5 shown) overflow to inf once standardised with the training "
                              "data's scales: they lie too far outside the training data")
         return inner
+
+    @staticmethod
+    def refuse_overflowed_rows(values: Tensor) -> None:
+        """A ValueError naming the test rows (the last axis of ``values``) whose prediction is NaN.
+
+        Inputs that stay finite once standardised can still overflow the kernel's arithmetic (ω·x of
+        a feature kernel, a squared distance): cos(inf) is NaN, which was returned as a prediction.
+        (inf is let through: a variance in units of 1e200² is beyond float64, not wrong.)"""
+        bad = torch.isnan(values).reshape(-1, values.shape[-1]).any(0)
+        if bool(bad.any()):
+            rows = bad.nonzero().flatten()[:5].tolist()
+            raise ValueError(f"x rows {rows} (first 5 shown) give NaN predictions: they lie too far outside the "
+                             "training data for the kernel's arithmetic (ω·x or a squared distance overflows)")
 
     def _model_dtype(self) -> torch.dtype:
         return self.input_offset.dtype
@@ -222,10 +237,12 @@ class _StandardizedGP(ExactGP):
             self.train(was_training)
         # Test points are the last axis; a batched kernel's leading axes are its batch.
         mean = torch.cat(means, dim=-1) * self.target_scale + self.target_offset
+        self.refuse_overflowed_rows(mean)
         if mean_only:
             return Prediction(mean, None, None)
         scale2 = self.target_scale**2
         variance = torch.cat(variances, dim=-1) * scale2
+        self.refuse_overflowed_rows(variance)
         noise = homoskedastic_noise(self.likelihood) * scale2
         return Prediction(mean, variance, variance + noise.unsqueeze(-1))
 

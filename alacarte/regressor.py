@@ -220,6 +220,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             posterior = model(model.internal_query_inputs(x))
             mean = posterior.mean * model.target_scale + model.target_offset
             cov = posterior.covariance_matrix * model.target_scale**2
+        model.refuse_overflowed_rows(mean)
+        model.refuse_overflowed_rows(cov.diagonal(dim1=-2, dim2=-1))
         if include_noise:
             noise = model.likelihood.noise.reshape(()) * model.target_scale**2
             cov = cov + noise * torch.eye(cov.shape[-1], dtype=cov.dtype)

@@ -200,6 +200,15 @@ def test_bad_model_and_missing_columns_fail_with_one_line(fitted, tmp_path, caps
     assert "not an alacarte model file" in err and err.count("\n") == 1
 
 
+def test_predict_refuses_a_row_whose_prediction_overflows(fitted, tmp_path, capsys):
+    """A finite 1.7e308 overflows ω·x: its prediction was written as 'nan,nan' with exit status 0."""
+    _, model, _, _, _ = fitted
+    far = write_csv(tmp_path / "far.csv", ["a", "b", "c"], [[0.5, 0.5, 0.5], [1.7e308, 0, 0]])
+    assert main(["predict", model, far, "-q"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "x rows [1] (first 5 shown) give NaN predictions" in captured.err
+
+
 @pytest.mark.parametrize("flag", ["--n", "--n-test"])
 def test_demo_refuses_sizes_that_are_not_positive(flag, capsys):
     assert main(["demo", flag, "-5", "-q"]) == 2

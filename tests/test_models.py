@@ -200,6 +200,27 @@ def test_exact_predictions_of_a_row_do_not_depend_on_the_other_test_rows(ard):
             torch.testing.assert_close(pred.mean[0], prior_mean.reshape(()), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
+def test_a_row_that_overflows_the_kernels_arithmetic_is_refused_not_predicted_as_nan(make):
+    """1.7e308 stays finite once standardised (input scales ~2), but ω·x or the squared distance does
+    not: cos(inf) = NaN was returned as the prediction (exit 0 from 'alacarte predict')."""
+    x, y = toy_data()
+    model = make()
+    fit(model, x, y, max_iter=2, restarts=0, progress=False)
+    far = torch.tensor([[0.5, 0.5, 0.5], [1.7e308, 0.0, 0.0]], dtype=torch.float64)
+    assert torch.isfinite(model.internal_query_inputs(far)).all()
+    for query in (model.predict, lambda q: model.predict(q, mean_only=True)):
+        with pytest.raises(ValueError, match=r"x rows \[1\] .* NaN predictions"):
+            query(far)
+    if isinstance(model, FeatureGP):
+        with pytest.raises(ValueError, match=r"x rows \[1\]"):
+            model.sample_functions(2, seed=0)(far)
+    reg = alacarte.AlaCarteRegressor("fsard" if isinstance(model, FeatureGP) else "exact-ard", max_iter=2,
+                                     restarts=0, progress=False).fit(x.numpy(), y.numpy())
+    with pytest.raises(ValueError, match=r"x rows \[1\]"):
+        reg.predict(far.numpy(), return_cov=True)
+
+
 def test_fit_rejects_bad_settings():
     x, y = toy_data()
     with pytest.raises(ValueError, match="optimizer"):
