@@ -200,6 +200,28 @@ def test_exact_predictions_of_a_row_do_not_depend_on_the_other_test_rows(ard):
             torch.testing.assert_close(pred.mean[0], prior_mean.reshape(()), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("ard", [True, False])
+def test_exact_posterior_covariance_of_test_rows_does_not_depend_on_the_other_rows(ard):
+    """The test–test block (return_cov, sample_y) expanded ‖a − b‖² too: beside a row at 1e8, the
+    covariance of two rows near the data went from 0.00108 to −0.0141 (their draws' correlation
+    from 0.98 to −0.06)."""
+    x, y = toy_data()
+    model = ExactRBFGP(None, None, num_dims=3, ard=ard).double()
+    fit(model, x, y, max_iter=5, restarts=0, progress=False)
+    model.eval()
+
+    def covariance(q):
+        with torch.no_grad(), model.inference_settings(), gpytorch.settings.debug(False):
+            return model(model.internal_query_inputs(q)).covariance_matrix
+
+    good = torch.tensor([[0.5, 0.5, 0.5], [0.4, 0.6, 0.5]], dtype=torch.float64)
+    alone = covariance(good)
+    for far in (1e4, 1e8, 1e100):
+        cov = covariance(torch.cat([torch.tensor([[far, 0.0, 0.0]], dtype=torch.float64), good]))
+        torch.testing.assert_close(cov[1:, 1:], alone, rtol=0, atol=1e-12)
+        torch.testing.assert_close(cov[0, 1:], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 def test_a_row_that_overflows_the_kernels_arithmetic_is_refused_not_predicted_as_nan(make):
     """1.7e308 stays finite once standardised (input scales ~2), but ω·x or the squared distance does
