@@ -258,7 +258,8 @@ def _plot(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.model} is an exact GP ({reg.kernel}): it has no learned spectrum to draw")
     out = Path(args.out) if args.out else Path(args.model).with_suffix(".png")
     title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata.get('target', 'y')}"
-    save_kernel_figure(kernel, out, title=title, names=metadata["columns"])
+    # The kernel sees standardised inputs: frequencies are drawn per unit of the CSV's columns.
+    save_kernel_figure(kernel, out, title=title, names=metadata["columns"], input_scale=reg.model_.input_scale)
     _emit(args, {"figure": str(out)}, f"saved {out}")
     return 0
 

@@ -4,7 +4,8 @@ matplotlib is an optional extra (``pip install alacarte[plot]``), imported only
 when a picture is drawn.
 
 * GM: the marginal spectral density of every input dimension,
-  Σ_q w_q ½[N(ω; μ_qj, σ_qj²) + N(ω; −μ_qj, σ_qj²)];
+  Σ_q w_q ½[N(ω; μ_qj, σ_qj²) + N(ω; −μ_qj, σ_qj²)] (per unit of the data's column
+  given the model's ``input_scale``, as ``alacarte plot`` does);
 * PWL: the radial density Σ_c π_c hat_c(r);
 * FSARD / FSGBARD / Fastfood RBF: histogram of the radii against the χ_p
   density they were drawn from;
@@ -62,14 +63,22 @@ def _check_names(kernel: FeatureKernel, names: list[str] | None) -> None:
         raise ValueError(f"names has {len(names)} entries but the kernel has {kernel.num_dims} inputs")
 
 
-def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None):
-    """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM, titled ``names``)."""
+def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None, input_scale=None):
+    """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM, titled ``names``).
+
+    ``input_scale``: the units of the data per unit of the kernel's input — a model's
+    ``input_scale``, since it standardises x before its kernel sees it. GM's frequencies are
+    then drawn per unit of the data's columns (ω / s, density × s); without it, per unit
+    of the kernel's input. (The radial pictures are of ARD-scaled inputs, free of units.)"""
     _check_names(kernel, names)
     plt = _pyplot()
     if len(kernel.batch_shape):
         raise ValueError("plot_spectrum supports kernels without batch_shape")
     if isinstance(kernel, SpectralMixtureFastfoodKernel):
         w, mu, sigma = _numpy(kernel.weights), _numpy(kernel.means), _numpy(kernel.scales)
+        scale = np.ones(kernel.num_dims) if input_scale is None else _numpy(torch.as_tensor(input_scale)).reshape(-1)
+        if scale.shape != (kernel.num_dims,) or not (np.isfinite(scale).all() and (scale > 0).all()):
+            raise ValueError(f"input_scale must hold {kernel.num_dims} positive finite numbers, got {scale.tolist()}")
         dims = min(kernel.num_dims, _MAX_PANELS)
         if ax is None:
             _, ax = plt.subplots(1, dims, figsize=(3 * dims, 2.6), squeeze=False)
@@ -82,9 +91,9 @@ def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None
                 wq * 0.5 * (stats.norm.pdf(omega, m, s) + stats.norm.pdf(omega, -m, s))
                 for wq, m, s in zip(w, mu[:, j], sigma[:, j])
             )
-            ax[j].plot(omega, dens)
+            ax[j].plot(omega / scale[j], dens * scale[j])
             ax[j].set_title(names[j] if names is not None else f"input {j}")
-            ax[j].set_xlabel("ω (rad / unit)")
+            ax[j].set_xlabel(f"ω (rad / unit of {names[j]})" if input_scale is not None and names else "ω (rad / unit)")
         ax[0].set_ylabel("spectral density")
         return ax
     if ax is None:
@@ -125,15 +134,17 @@ def plot_relevance(kernel: FeatureKernel, ax=None, names: list[str] | None = Non
 
 
 def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | None = None,
-                       names: list[str] | None = None) -> Path:
-    """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``."""
+                       names: list[str] | None = None, input_scale=None) -> Path:
+    """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``;
+    ``input_scale`` as for :func:`plot_spectrum`."""
     plt = _pyplot()
     panels = min(kernel.num_dims, _MAX_PANELS) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
     fig = plt.figure(figsize=(max(6, 3 * panels), 6.2))
     try:
         grid = fig.add_gridspec(2, panels)
         spectrum_axes = [fig.add_subplot(grid[0, j]) for j in range(panels)]
-        plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0], names=names)
+        plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0], names=names,
+                      input_scale=input_scale)
         plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]), names=names)
         fig.suptitle(title or type(kernel).__name__)
         fig.tight_layout()

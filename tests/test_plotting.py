@@ -53,3 +53,26 @@ def test_names_that_do_not_match_the_inputs_are_a_clear_error_and_no_figure_is_l
     with pytest.raises(ValueError, match="no spectrum picture"):
         save_kernel_figure(ac.RandomFourierKernel(2, 8, seed=0), tmp_path / "y.png")
     assert plt.get_fignums() == open_before and not list(tmp_path.iterdir())
+
+
+def test_gm_spectrum_is_drawn_per_unit_of_the_data_given_the_input_scale():
+    """A model standardises x: its kernel's ω are per standard deviation of each column. 'alacarte plot'
+    labelled them 'rad / unit' and drew the same picture for a column in metres and in millimetres."""
+    from alacarte.plotting import plot_spectrum
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    kernel = ac.SpectralMixtureFastfoodKernel(2, 16, num_components=2, seed=0).double()
+    axes = plot_spectrum(kernel, names=["a", "b"])
+    axes_mm = plot_spectrum(kernel, names=["a", "b"], input_scale=torch.tensor([1000.0, 1.0]))
+    (omega, dens), (omega_mm, dens_mm) = [ax.get_lines()[0].get_data() for ax in (axes[0], axes_mm[0])]
+    np.testing.assert_allclose(omega_mm, omega / 1000, rtol=1e-15)
+    np.testing.assert_allclose(dens_mm, dens * 1000, rtol=1e-15)
+    # still a density: its integral is the kernel's weight, whatever the units
+    weight = float(kernel.weights.sum())
+    for x, p in ((omega, dens), (omega_mm, dens_mm)):
+        assert np.trapezoid(p, x) == pytest.approx(weight, rel=1e-3)
+    assert axes_mm[0].get_xlabel() == "ω (rad / unit of a)"
+    np.testing.assert_array_equal(axes_mm[1].get_lines()[0].get_data(), axes[1].get_lines()[0].get_data())
+    with pytest.raises(ValueError, match="input_scale must hold 2 positive finite numbers"):
+        plot_spectrum(kernel, input_scale=[1.0, 0.0])
+    plt.close("all")
