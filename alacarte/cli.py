@@ -170,6 +170,13 @@ def _check_rows(path: Path, names: list[str], wanted: list[str]) -> None:
                     raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 
+def _rms(r: np.ndarray) -> float:
+    """√mean(r²) of residuals divided by their largest magnitude: squares of targets in units of 1e300
+    overflowed (a training RMSE of inf, and 'Infinity' in the JSON), of 1e-300 underflowed to 0."""
+    peak = float(np.abs(r).max())
+    return peak * float(np.sqrt(np.mean((r / peak) ** 2))) if peak > 0 else 0.0
+
+
 def _emit(args: argparse.Namespace, result: dict, text: str) -> None:
     print(json.dumps(result) if args.json else text)
 
@@ -195,7 +202,7 @@ def _fit(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.data).with_suffix(".alacarte")
     save_model(reg, out, metadata={"columns": columns, "target": args.target, "data": str(args.data),
                                    "rows": int(len(y))})
-    rmse = float(np.sqrt(np.mean((reg.predict(x) - y) ** 2)))
+    rmse = _rms(reg.predict(x) - y)
     try:
         relevance = dict(zip(columns, reg.relevance_.tolist()))
     except ValueError:  # a kernel without a notion of relevance

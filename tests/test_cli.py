@@ -200,6 +200,21 @@ def test_bad_model_and_missing_columns_fail_with_one_line(fitted, tmp_path, caps
     assert "not an alacarte model file" in err and err.count("\n") == 1
 
 
+def test_fit_reports_the_training_rmse_of_targets_in_any_units(tmp_path, capsys):
+    """Squares of targets in units of 1e300 overflowed: training RMSE inf, and 'Infinity' (not JSON)
+    in --json; in units of 1e-300 they underflowed to an RMSE of 0."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, size=(30, 2))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.normal(size=30)
+    rmse = {}
+    for unit in (1.0, 1e300, 1e-300):
+        data = write_csv(tmp_path / "d.csv", ["a", "b", "y"], np.column_stack([x, y * unit]))
+        assert main(["fit", data, "--target", "y", "--kernel", "fsard", "--json", *SMALL]) == 0
+        rmse[unit] = json.loads(capsys.readouterr().out, parse_constant=pytest.fail)["train_rmse"] / unit
+    assert 0 < rmse[1.0] < 1
+    assert rmse[1e300] == pytest.approx(rmse[1.0], rel=1e-6) and rmse[1e-300] == pytest.approx(rmse[1.0], rel=1e-6)
+
+
 def test_predict_refuses_a_row_whose_prediction_overflows(fitted, tmp_path, capsys):
     """A finite 1.7e308 overflows ω·x: its prediction was written as 'nan,nan' with exit status 0."""
     _, model, _, _, _ = fitted
