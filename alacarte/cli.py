@@ -114,13 +114,14 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[list
     if not header or not any(name.strip() for name in header):
         raise ValueError(f"{path} is empty: it needs a header row and at least one data row")
     names = [name.strip() for name in header]
-    duplicated = sorted({n for n in names if names.count(n) > 1})
-    if duplicated or "" in names:
-        raise ValueError(f"{path}: column names must be unique and non-empty, got {names}")
     missing = [c for c in columns or [] if c not in names]
     if missing:
         raise ValueError(f"{path} lacks the input column(s) {', '.join(map(repr, missing))} (the model's: {columns})")
     wanted = names if columns is None else columns
+    # Only the columns read need names of their own: pandas' to_csv writes its index under an empty one.
+    duplicated = sorted({n for n in wanted if names.count(n) > 1})
+    if duplicated or "" in wanted:
+        raise ValueError(f"{path}: column names must be unique and non-empty, got {names}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "input contained no data": reported below

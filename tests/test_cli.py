@@ -155,6 +155,25 @@ def test_predict_reads_only_the_models_columns(fitted, tmp_path, capsys):
     assert "line 3: 5 fields, but the header has 4" in capsys.readouterr().err
 
 
+def test_predict_ignores_an_unnamed_column_it_does_not_read(fitted, tmp_path, capsys):
+    """pandas' DataFrame.to_csv writes its index under an empty name: predict refused the file
+    ('column names must be unique and non-empty') though it reads only the model's columns."""
+    _, model, new, _, _ = fitted
+    assert main(["predict", model, new, "-q"]) == 0
+    expected = capsys.readouterr().out
+    names, *rows = [line.split(",") for line in open(new).read().splitlines()]
+    for first, message in (("", None), ("a", "column names must be unique")):  # a second 'a' is ambiguous
+        path = tmp_path / "with_index.csv"
+        path.write_text("\n".join(",".join([first if i == 0 else str(i - 1), *row])
+                                   for i, row in enumerate([names, *rows])) + "\n")
+        if message is None:
+            assert main(["predict", model, str(path), "-q"]) == 0
+            assert capsys.readouterr().out == expected
+        else:
+            assert main(["predict", model, str(path), "-q"]) == 2
+            assert message in capsys.readouterr().err
+
+
 def test_fit_refuses_a_row_with_a_field_too_many(tmp_path, capsys):
     data = write_csv(tmp_path / "d.csv", ["a", "y"], [[0, 1], [1, 2], [2, 1.5], [3, 0.5]])
     with open(data, "a") as fh:
