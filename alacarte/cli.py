@@ -263,11 +263,15 @@ def _plot(args: argparse.Namespace) -> int:
     reg, metadata = _load_regressor(args.model)
     kernel = reg.model_.covar_module
     if not isinstance(kernel, FeatureKernel):
-        raise ValueError(f"{args.model} is an exact GP ({reg.kernel}): it has no learned spectrum to draw")
+        raise ValueError(f"{args.model} is an exact GP ({reg.kernel}): it has no learned spectrum to draw "
+                         "(`alacarte fit --json` reports its input relevances)")
     out = Path(args.out) if args.out else Path(args.model).with_suffix(".png")
     title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata.get('target', 'y')}"
     # The kernel sees standardised inputs: frequencies are drawn per unit of the CSV's columns.
-    save_kernel_figure(kernel, out, title=title, names=metadata["columns"], input_scale=reg.model_.input_scale)
+    try:
+        save_kernel_figure(kernel, out, title=title, names=metadata["columns"], input_scale=reg.model_.input_scale)
+    except ValueError as err:  # which model and kernel the message is about ("no spectrum picture for ...")
+        raise ValueError(f"{args.model} ({reg.kernel}): {err}") from None
     _emit(args, {"figure": str(out)}, f"saved {out}")
     return 0
 

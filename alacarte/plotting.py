@@ -112,7 +112,9 @@ def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None
         ax.plot(r, stats.chi.pdf(r, p), label=f"initial χ_{p} density")
         ax.set_xlabel("radius s_i of ω (ARD-scaled input)")
     else:
-        raise ValueError(f"no spectrum picture for {type(kernel).__name__}")
+        raise ValueError(f"no spectrum picture for {type(kernel).__name__}: pictures exist for GM, PWL and the "
+                         "Fastfood RBF kernels (FSARD, FSGBARD, Fastfood ARD and isotropic); plot_relevance "
+                         "draws any kernel's input relevances")
     ax.set_ylabel("density")
     ax.legend()
     return ax

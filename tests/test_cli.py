@@ -124,13 +124,19 @@ def test_bad_csv_files_fail_with_one_line(tmp_path, capsys, content, message):
     assert __import__("re").search(message, err), err
 
 
-def test_plot_of_an_exact_gp_is_a_clear_error(tmp_path, capsys):
+@pytest.mark.parametrize("kernel, message", [
+    ("exact-rbf", "exact GP (exact-rbf): it has no learned spectrum to draw (`alacarte fit --json` reports"),
+    # was 'no spectrum picture for RandomFourierKernel', naming neither the file, its kernel nor what plot draws
+    ("rks", "model.alacarte (rks): no spectrum picture for RandomFourierKernel: pictures exist for GM, PWL and"),
+])
+def test_plot_of_a_model_without_a_spectrum_picture_is_a_clear_error(kernel, message, tmp_path, capsys):
     data = write_csv(tmp_path / "d.csv", ["a", "y"], [[0, 1], [1, 2], [2, 1.5], [3, 0.5]])
-    model = str(tmp_path / "exact.alacarte")
-    assert main(["fit", data, "--target", "y", "--kernel", "exact-rbf", "--out", model, *SMALL]) == 0
+    model = str(tmp_path / "model.alacarte")
+    assert main(["fit", data, "--target", "y", "--kernel", kernel, "--out", model, *SMALL]) == 0
     capsys.readouterr()
     assert main(["plot", model]) == 2
-    assert "exact GP (exact-rbf): it has no learned spectrum" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
 
 
 def test_predict_reads_only_the_models_columns(fitted, tmp_path, capsys):

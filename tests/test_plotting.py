@@ -40,7 +40,7 @@ def test_figure_is_a_png(make, tmp_path):
 
 
 def test_unsupported_kernel_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="no spectrum picture for RandomFourierKernel"):
+    with pytest.raises(ValueError, match="no spectrum picture for RandomFourierKernel: pictures exist for GM, PWL"):
         save_kernel_figure(ac.RandomFourierKernel(2, 8, seed=0), tmp_path / "x.png")
 
 
