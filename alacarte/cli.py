@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ._validation import check_positive_int, check_seed
+from ._validation import check_nonnegative_int, check_positive_int, check_seed
 from .datasets import make_se1
 from .factory import KERNEL_NAMES
 from .kernels import FeatureKernel, FSARDKernel
@@ -186,6 +186,12 @@ def _fit(args: argparse.Namespace) -> int:
     from .io import save_model
     from .regressor import AlaCarteRegressor
 
+    # Named as the flags, and before the data are read (the estimator would name its parameters: num_samples).
+    for flag in ("num_samples", "num_components", "max_iter"):
+        check_positive_int(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if check_nonnegative_int(args.restarts, "--restarts"):
+        check_positive_int(args.restart_iter, "--restart-iter")
+    check_seed(args.seed, "--seed")
     names, table = read_table(args.data)
     if args.target not in names:
         raise ValueError(f"{args.data} has no target column {args.target!r} (columns: {', '.join(names)})")
@@ -298,10 +304,12 @@ def _add_fit(commands, common) -> None:
     cmd.add_argument("--out", help="model file to write (default: DATA with suffix .alacarte)")
     cmd.add_argument("--num-samples", type=int, default=256, help="frequencies M (D = 2M features; default 256)")
     cmd.add_argument("--num-components", type=int, default=4, help="mixture components of gm/pwl (default 4)")
-    cmd.add_argument("--max-iter", type=int, default=100, help="iterations of the final optimisation")
-    cmd.add_argument("--restarts", type=int, default=5, help="random initialisations tried first")
-    cmd.add_argument("--restart-iter", type=int, default=15, help="iterations per restart")
-    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--max-iter", type=int, default=100,
+                     help="L-BFGS iterations of the final optimisation (default 100; as many again for a refit "
+                          "when the noise ends at the lower bound)")
+    cmd.add_argument("--restarts", type=int, default=5, help="random initialisations tried first (default 5)")
+    cmd.add_argument("--restart-iter", type=int, default=15, help="iterations per restart (default 15)")
+    cmd.add_argument("--seed", type=int, default=0, help="seed of the features and restarts (default 0)")
     cmd.set_defaults(run=_fit)
 
 

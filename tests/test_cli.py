@@ -249,6 +249,22 @@ def test_predict_refuses_a_row_whose_prediction_overflows(fitted, tmp_path, caps
     assert captured.out == "" and "x rows [1] (first 5 shown) give NaN predictions" in captured.err
 
 
+@pytest.mark.parametrize("flag, value, message", [
+    ("--num-samples", "0", "--num-samples must be a positive integer, got 0"),
+    ("--num-components", "-1", "--num-components must be a positive integer, got -1"),
+    ("--max-iter", "0", "--max-iter must be a positive integer, got 0"),
+    ("--restarts", "-1", "--restarts must be a non-negative integer, got -1"),
+    ("--restart-iter", "0", "--restart-iter must be a positive integer, got 0"),
+    ("--seed", "-1", "--seed must be None or an integer in [0, 2**64), got -1"),
+])
+def test_fit_names_a_bad_setting_by_its_flag(flag, value, message, tmp_path, capsys):
+    """The estimator's messages named its parameters (num_samples, random_state), not the flags."""
+    data = write_csv(tmp_path / "d.csv", ["a", "y"], [[0, 1], [1, 2], [2, 1.5], [3, 0.5]])
+    assert main(["fit", data, "--target", "y", flag, value, "-q"]) == 2
+    assert f"alacarte: error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "d.alacarte").exists()
+
+
 @pytest.mark.parametrize("flag", ["--n", "--n-test"])
 def test_demo_refuses_sizes_that_are_not_positive(flag, capsys):
     assert main(["demo", flag, "-5", "-q"]) == 2
