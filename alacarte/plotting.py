@@ -151,7 +151,8 @@ def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | Non
         fig.suptitle(title or type(kernel).__name__)
         fig.tight_layout()
         path = Path(path)
-        fig.savefig(path, dpi=100)
+        # Without a suffix matplotlib writes path + ".png", not the file asked for (and returned).
+        fig.savefig(path, dpi=100, format=None if path.suffix else "png")
     finally:
         plt.close(fig)
     return path

@@ -76,3 +76,12 @@ def test_gm_spectrum_is_drawn_per_unit_of_the_data_given_the_input_scale():
     with pytest.raises(ValueError, match="input_scale must hold 2 positive finite numbers"):
         plot_spectrum(kernel, input_scale=[1.0, 0.0])
     plt.close("all")
+
+
+def test_figure_is_written_to_the_path_given_even_without_a_suffix(tmp_path):
+    """matplotlib appended '.png' to a path without a suffix: 'alacarte plot m --out pic' said
+    'saved pic' and wrote pic.png."""
+    kernel = ac.FSARDKernel(2, 16, ard_num_dims=2, seed=0)
+    assert save_kernel_figure(kernel, tmp_path / "pic") == tmp_path / "pic"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pic"]
+    assert (tmp_path / "pic").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
