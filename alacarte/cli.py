@@ -168,6 +168,8 @@ def _check_rows(path: Path, names: list[str], wanted: list[str]) -> None:
                 except ValueError:
                     raise ValueError(f"{where}: {text!r} is not a number") from None
                 if not math.isfinite(number):
+                    if math.isinf(number) and "inf" not in text.lower():  # 1e400: a finite number, but not in float64
+                        raise ValueError(f"{where}: {text} is beyond the range of float64 (|x| ≤ 1.8e308)")
                     raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 

@@ -102,6 +102,8 @@ def test_plot_writes_a_png(fitted, capsys):
     ("a,b,target\n1,2,3\n4,abc,6\n", r"line 3, column 'b': 'abc' is not a number"),
     ("a,b,target\n1,2,3\n4,nan,6\n", r"line 3, column 'b': nan is not allowed"),
     ("a,b,target\n1,2,3\n4,inf,6\n", r"line 3, column 'b': inf is not allowed"),
+    # was '1e400 is not allowed (every value must be finite)': it is finite, float64 cannot hold it
+    ("a,b,target\n1,2,3\n4,-1e400,6\n", r"line 3, column 'b': -1e400 is beyond the range of float64"),
     ("a,b,target\n1,,3\n", r"line 2, column 'b': empty cell"),
     ("a,b,target\n1,2,3\n4,5\n", r"line 3: 2 fields, but the header has 3"),
     ("", r"is empty"),
