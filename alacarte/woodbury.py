@@ -181,7 +181,7 @@ def _check_rows(phi: Tensor, r: Tensor) -> None:
 
 
 class NotPositiveDefiniteError(ValueError):
-    """A = ΦᵀΦ + σ²I (or K = ΦΦᵀ + σ²I) could not be factorised even with jitter."""
+    """A = ΦᵀΦ + σ²I (or K = ΦΦᵀ + σ²I) could not be factorised even with jitter, or σ² ≤ 0."""
 
 
 # While a list is set here, cholesky_with_jitter records the relative jitter it adds
@@ -243,9 +243,12 @@ def _shifted(gram: Tensor, noise: Tensor) -> Tensor:
     σ² ≤ 0 is refused: the forms here (σ²A⁻¹, log σ²) are not their σ² → 0 limits, so σ² = 0
     would give latent variances of exactly 0 where ΦᵀΦ is singular (D > n) and a NaN loss, and
     a negative σ² a finite loss wherever ΦΦᵀ + σ²I stays positive definite."""
-    if bool((noise <= 0).any()):  # (a NaN σ², say after a failed step, fails the Cholesky as before)
-        raise ValueError(f"the noise variance σ² must be positive, got {noise.detach().min().item():g} (a "
-                         "likelihood whose noise constraint allows 0 can reach it: give it a positive lower bound)")
+    # The error training takes for a failed step (as for a NaN σ²): a line-search probe can underflow a
+    # softplus noise with no lower bound to exactly 0, and that must not end the fit.
+    if bool((noise <= 0).any()):
+        raise NotPositiveDefiniteError(
+            f"the noise variance σ² must be positive, got {noise.detach().min().item():g} (a likelihood whose "
+            "noise constraint allows 0 can reach it: give it a positive lower bound)")
     return gram + noise[..., None, None] * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
 
 

@@ -1,6 +1,7 @@
 """FeatureGP / ExactRBFGP / fit: the fast path, chunked prediction, bad input, training."""
 import contextlib
 import copy
+import math
 import warnings
 from unittest import mock
 
@@ -312,6 +313,23 @@ def test_fit_leaves_torch_global_generator_alone():
         torch.manual_seed(len(seeds))  # another global state: the same fit
         losses.append(fit(feature_model(), x, y, max_iter=3, restarts=1, restart_iter=2, progress=False).loss)
     assert len(set(seeds)) == 3 and losses[0] == losses[1] == losses[2]
+
+
+def test_a_step_that_underflows_an_unbounded_noise_to_zero_does_not_end_the_fit():
+    """With a noise constraint that allows 0 (Positive()), an L-BFGS probe underflowed the float32
+    softplus to σ² = 0 exactly; the Woodbury forms refuse σ² ≤ 0, and that ValueError ended the fit
+    at n = 20 < D = 32 on targets in the features' span.  Like a probe that breaks the Cholesky, it
+    must be a failed step: the fit ends as before the refusal existed (loss -0.2482, σ² 2.9e-7)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 2, generator=gen)
+    kernel = FSARDKernel(2, 16, ard_num_dims=2, seed=0)
+    y = kernel.features(x).detach() @ torch.randn(32, generator=gen)  # noise-free: the optimum is σ² → 0
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.Positive())
+    model = FeatureGP(None, None, kernel, likelihood)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (jitter and float32 advice)
+        history = fit(model, x, y, max_iter=200, restarts=0, standardize=False, progress=False)
+    assert math.isfinite(history.loss[-1]) and 0 < float(model.likelihood.noise) < 1e-5
 
 
 def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
