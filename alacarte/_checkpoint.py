@@ -29,7 +29,10 @@ from torch import Tensor
 from ._files import read_checked, write_checked
 
 SIGNATURE = b"ALACARTE-FIT-CHECKPOINT\n"
-FORMAT_VERSION = 1
+# 2: the model's fingerprint also hashes its settings (a kernel's strategy, a constraint's transform)
+# and the progress no longer holds torch's generator; a version-1 file is refused as such, not as
+# "the model given to fit differs" for the very model that wrote it.
+FORMAT_VERSION = 2
 # Key entries that are fingerprints: a difference is said in words, not as two hashes.
 _FINGERPRINTED = {
     "model": "the model given to fit differs (parameters, buffers such as the random features, frozen ones, "

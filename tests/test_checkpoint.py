@@ -193,6 +193,22 @@ def test_a_kernel_or_constraint_built_otherwise_makes_another_fit(tmp_path):
             fit(other, x, y, checkpoint=path, **settings)
 
 
+def test_a_checkpoint_of_the_previous_format_is_refused_as_such(tmp_path):
+    """Format-1 checkpoints hashed the model without its settings (and held torch's generator): resumed
+    after the fingerprint changed, one was refused as "the model given to fit differs" for the very
+    model that wrote it (and a new one by the older code likewise).  The format version says why."""
+    from alacarte._checkpoint import FORMAT_VERSION, SIGNATURE, _read_record
+    from alacarte._files import write_checked
+
+    x, y = _data()
+    settings = dict(max_iter=3, restarts=0, progress=False)
+    path = tmp_path / "fit.ckpt"
+    fit(make_model("fsard", 4, num_samples=16), x, y, checkpoint=path, **settings)
+    write_checked(path, SIGNATURE, {"format_version": 1}, _read_record(path))
+    with pytest.raises(ValueError, match=f"of format version 1; this alacarte reads format version {FORMAT_VERSION}"):
+        fit(make_model("fsard", 4, num_samples=16), x, y, checkpoint=path, **settings)
+
+
 def test_unreadable_checkpoints_are_refused(tmp_path):
     x, y = _data()
     settings = dict(max_iter=3, restarts=0, progress=False)
