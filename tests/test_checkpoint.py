@@ -209,6 +209,25 @@ def test_a_checkpoint_of_the_previous_format_is_refused_as_such(tmp_path):
         fit(make_model("fsard", 4, num_samples=16), x, y, checkpoint=path, **settings)
 
 
+def test_a_numpy_integer_setting_resumes_the_fit_of_its_python_integer(tmp_path):
+    """ard_num_dims was stored as given: np.int64(4) (what X.shape arithmetic in numpy gives) stayed a
+    numpy integer, which the model fingerprint skips where it hashes a Python 4, so the very same fit
+    was refused as "the model given to fit differs".  ard_num_dims is now an int, checked like
+    num_dims (4.0 was a TypeError from torch.zeros, True was taken as 1)."""
+    x, y = _data()
+    settings = dict(max_iter=3, restarts=1, restart_iter=2, progress=False)
+    path = tmp_path / "fit.ckpt"
+
+    def build(ard_num_dims):
+        return FeatureGP(None, None, FSARDKernel(num_dims=4, num_samples=16, ard_num_dims=ard_num_dims, seed=0))
+
+    first = fit(build(4), x, y, checkpoint=path, **settings)
+    assert fit(build(np.int64(4)), x, y, checkpoint=path, **settings).loss == first.loss
+    for bad in (4.0, True):
+        with pytest.raises(ValueError, match="ard_num_dims must be a positive integer"):
+            build(bad)
+
+
 def test_unreadable_checkpoints_are_refused(tmp_path):
     x, y = _data()
     settings = dict(max_iter=3, restarts=0, progress=False)

@@ -123,8 +123,10 @@ class FeatureKernel(Kernel):
         if unknown:  # a misspelt prior would leave the fit unregularised without a word
             raise ValueError(f"{type(self).__name__} got unexpected keyword arguments {unknown}")
         ard_num_dims = kwargs.get("ard_num_dims")
-        if ard_num_dims is not None and ard_num_dims not in (1, num_dims):
-            raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
+        if ard_num_dims is not None:  # a Python int too: a fit checkpoint's fingerprint hashes it as it is stored
+            ard_num_dims = kwargs["ard_num_dims"] = check_positive_int(ard_num_dims, "ard_num_dims")
+            if ard_num_dims not in (1, num_dims):
+                raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
         if not type(self).has_lengthscale:  # GPyTorch's Kernel would drop them without a word
             for key in ("lengthscale_prior", "lengthscale_constraint"):
                 if kwargs.get(key) is not None:
