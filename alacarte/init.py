@@ -87,12 +87,13 @@ def _set(module, name: str, value) -> Tensor:
     data-driven value (a lengthscale of 1.66), and the setter refused it: ``fit`` failed at its
     first restart.  Values are kept 1% of a finite interval inside it, or at least twice a positive
     lower bound (near it the softplus flattens the gradient); the default constraints (positive,
-    (0, 1)) leave every data-driven value as it is."""
+    (0, 1)) leave every data-driven value as it is.  Every hyperparameter set here is positive, so
+    an upper bound alone (``LessThan(b)``) bounds the interval (0, b)."""
     raw = getattr(module, f"raw_{name}")
     value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
     constraint = getattr(module, f"raw_{name}_constraint")
-    lower, upper = constraint.lower_bound.to(value), constraint.upper_bound.to(value)
-    if bool((torch.isfinite(lower) & torch.isfinite(upper)).all()):
+    lower, upper = constraint.lower_bound.to(value).clamp(min=0), constraint.upper_bound.to(value)
+    if bool(torch.isfinite(upper).all()):
         margin = 0.01 * (upper - lower)
         value = torch.minimum(torch.maximum(value, lower + margin), upper - margin)
     else:

@@ -558,6 +558,29 @@ def test_a_noise_with_an_upper_bound_is_initialised_and_refitted_inside_it(upper
     assert at_bound == (history.noise_refit_loss is not None) and (at_bound or upper < 1e-3)
 
 
+def test_a_noise_with_no_lower_bound_is_initialised_inside_it():
+    """The middle of a LessThan constraint's (-inf, high) was σ² = -inf (7ea2f3c): set_noise put it there
+    (no error), every restart failed at once and fit returned the model with σ² = -inf and no loss; and
+    asked for 0.1 under LessThan(0.05), the setter refused it.  A variance lies in (0, high): kept 1% of
+    it inside, as for an Interval; below that σ² is set as asked, as before."""
+    from alacarte.init import set_noise
+
+    def model(high):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.LessThan(high))
+        return FeatureGP(None, None, FSARDKernel(3, 16, ard_num_dims=3, seed=0), likelihood).double()
+
+    for high, expected in ((1.0, 0.1), (0.05, 0.0495)):
+        m = model(high)
+        set_noise(m, 0.1)
+        assert m.likelihood.noise.item() == pytest.approx(expected)
+    x, y = toy_data(n=60)
+    m = model(1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (a step to σ² < 0 ends it: the constraint allows that)
+        history = fit(m, x, y, max_iter=5, restarts=1, restart_iter=3, progress=False)
+    assert math.isfinite(history.restart_losses[0]) and m.likelihood.noise.item() > 0
+
+
 def test_a_noise_that_is_not_trained_is_left_at_its_bound():
     x, y = toy_data(n=100)
     model = feature_model()
