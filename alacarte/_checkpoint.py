@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -59,8 +60,11 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     ``strategy`` or a constraint's transform changes the fit but no tensor."""
     hasher = hashlib.sha256(type(model).__qualname__.encode())
     for name, module in model.named_modules():
-        settings = sorted((key, value) for key, value in vars(module).items() if key != "training"
-                          and not key.startswith("_") and isinstance(value, (bool, int, float, str)))
+        # numpy scalars as the Python values they equal: np.int64(4) is no int, and np.float64(0.5)
+        # prints otherwise than 0.5, so the same model spelt with either would make another fit
+        settings = sorted((key, value.item() if isinstance(value, np.generic) else value)
+                          for key, value in vars(module).items() if key != "training" and not key.startswith("_")
+                          and isinstance(value, (bool, int, float, str, np.generic)))
         hasher.update(f"{name}:{type(module).__qualname__}:{settings}".encode())
     for name, value in model.state_dict().items():
         hasher.update(name.encode())

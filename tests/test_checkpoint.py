@@ -228,6 +228,21 @@ def test_a_numpy_integer_setting_resumes_the_fit_of_its_python_integer(tmp_path)
             build(bad)
 
 
+def test_the_model_fingerprint_reads_numpy_scalars_as_the_python_values_they_equal():
+    """Any plain setting, not only ard_num_dims: np.float64(0.5) printed as 'np.float64(0.5)' and
+    np.int64 was skipped, so the same model spelt with numpy scalars fingerprinted otherwise."""
+    from alacarte._checkpoint import model_fingerprint
+
+    def build(value):
+        model = FeatureGP(None, None, FSARDKernel(num_dims=4, num_samples=16, seed=0))
+        model.covar_module.a_setting = value
+        return model
+
+    for python, numpy in ((0.5, np.float64(0.5)), (3, np.int64(3)), (True, np.bool_(True))):
+        assert model_fingerprint(build(python)) == model_fingerprint(build(numpy)), python
+    assert model_fingerprint(build(0.5)) != model_fingerprint(build(0.25))
+
+
 def test_unreadable_checkpoints_are_refused(tmp_path):
     x, y = _data()
     settings = dict(max_iter=3, restarts=0, progress=False)
