@@ -33,3 +33,16 @@ def test_generators_reject_bad_sizes():
     for make in (make_se1, make_se2, make_se3):
         with pytest.raises(ValueError, match="n must be a positive integer"):
             make(0)
+
+
+def test_seeds_are_checked_and_a_list_seed_cannot_draw_the_fixed_rosasco_test_set():
+    from alacarte.datasets import make_rosasco, rosasco_split
+
+    # seed=[10_000] seeds numpy exactly as 10_000 does: it drew f1's test inputs as its training inputs
+    with pytest.raises(ValueError, match="seed must be None or an integer"):
+        rosasco_split("f1", seed=[10_000])
+    for bad in (-1, 1.5, True, "a"):
+        for make in (make_se1, make_se2, make_se3, lambda n, seed: make_rosasco("f1", n, seed=seed)):
+            with pytest.raises(ValueError, match="seed must be None or an integer"):
+                make(3, seed=bad)
+    assert np.array_equal(make_se1(3, seed=np.int64(5))[1], make_se1(3, seed=5)[1])
