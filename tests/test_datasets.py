@@ -46,3 +46,14 @@ def test_seeds_are_checked_and_a_list_seed_cannot_draw_the_fixed_rosasco_test_se
             with pytest.raises(ValueError, match="seed must be None or an integer"):
                 make(3, seed=bad)
     assert np.array_equal(make_se1(3, seed=np.int64(5))[1], make_se1(3, seed=5)[1])
+
+
+def test_an_unknown_rosasco_function_is_named_as_such():
+    from alacarte.datasets import make_rosasco, rosasco_split
+
+    # rosasco_split("f4", seed=10_000) said 'seed 10000 draws the fixed test set of f4'
+    for function in ("f4", "F1", None, ["f1"]):
+        with pytest.raises(ValueError, match="function must be one of"):
+            rosasco_split(function, seed=10_000)
+        with pytest.raises(ValueError, match="function must be one of"):
+            make_rosasco(function, 3)

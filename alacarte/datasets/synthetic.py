@@ -55,6 +55,11 @@ _ROSASCO_FUNCTIONS = {
 ROSASCO_MEAN_ABS = {"f1": 39.8666666667, "f2": 59.972864355, "f3": 0.0952542049740}
 
 
+def _check_function(function: str) -> None:
+    if not (isinstance(function, str) and function in _ROSASCO_FUNCTIONS):
+        raise ValueError(f"function must be one of {sorted(_ROSASCO_FUNCTIONS)}, got {function!r}")
+
+
 def make_rosasco(
     function: str, n: int, seed: int = 0, noise_fraction: float = 0.01
 ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
@@ -67,8 +72,7 @@ def make_rosasco(
     plus Gaussian noise whose variance is ``noise_fraction`` times the average
     output magnitude E|f| over the domain (the paper: "a small fraction of the
     average output"; it gives no number, 1% is our choice)."""
-    if function not in _ROSASCO_FUNCTIONS:
-        raise ValueError(f"function must be one of {sorted(_ROSASCO_FUNCTIONS)}, got {function!r}")
+    _check_function(function)
     check_positive_int(n, "n")
     if not (noise_fraction >= 0 and math.isfinite(noise_fraction)):
         raise ValueError(f"noise_fraction must be finite and non-negative, got {noise_fraction!r}")
@@ -90,7 +94,8 @@ def rosasco_split(function: str, seed: int = 0, n_train: int = 80, n_validation:
     # checked here, not only in make_rosasco: seed=[10_000] seeds numpy as 10_000 does, and would
     # slip past the comparison below and draw the test inputs as training inputs
     seed = check_seed(seed)
-    offset = {"f1": 0, "f2": 1, "f3": 2}.get(function, 0)
+    _check_function(function)  # before the guard, which would name an unknown function's 'fixed test set'
+    offset = {"f1": 0, "f2": 1, "f3": 2}[function]
     if seed == 10_000 + offset:
         raise ValueError(f"seed {seed} draws the fixed test set of {function}; choose another seed")
     x_test, y_test, _ = make_rosasco(function, n_test, seed=10_000 + offset, noise_fraction=noise_fraction)
