@@ -57,3 +57,16 @@ def test_an_unknown_rosasco_function_is_named_as_such():
             rosasco_split(function, seed=10_000)
         with pytest.raises(ValueError, match="function must be one of"):
             make_rosasco(function, 3)
+
+
+def test_a_bad_rosasco_noise_fraction_is_a_value_error():
+    from alacarte.datasets import make_rosasco, rosasco_split
+
+    # "0.1" and None raised TypeError from '>=', True was taken as 1.0
+    for bad in (-0.1, float("nan"), float("inf"), "0.1", None, True, np.array([0.1, 0.2])):
+        with pytest.raises(ValueError, match="noise_fraction"):
+            make_rosasco("f1", 3, noise_fraction=bad)
+        with pytest.raises(ValueError, match="noise_fraction"):
+            rosasco_split("f1", noise_fraction=bad)
+    x, y, _ = make_rosasco("f1", 5, seed=1, noise_fraction=0)
+    np.testing.assert_array_equal(y, (x[:, 0] ** 4 - x[:, 0] ** 2) * (3 + x[:, 1]))

@@ -6,11 +6,9 @@ deterministic under ``seed`` (numpy's PCG64).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from .._validation import check_positive_int, check_seed
+from .._validation import check_positive_int, check_real, check_seed
 
 __all__ = ["make_se1", "make_se2", "make_se3", "make_rosasco", "rosasco_split"]
 
@@ -74,8 +72,7 @@ def make_rosasco(
     average output"; it gives no number, 1% is our choice)."""
     _check_function(function)
     check_positive_int(n, "n")
-    if not (noise_fraction >= 0 and math.isfinite(noise_fraction)):
-        raise ValueError(f"noise_fraction must be finite and non-negative, got {noise_fraction!r}")
+    noise_fraction = check_real(noise_fraction, "noise_fraction", 0, include_low=True)
     rng = np.random.default_rng(check_seed(seed))
     x = rng.uniform(-3.0, 3.0, (n, 6))
     noise_std = np.sqrt(noise_fraction * ROSASCO_MEAN_ABS[function])
