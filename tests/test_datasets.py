@@ -70,3 +70,23 @@ def test_a_bad_rosasco_noise_fraction_is_a_value_error():
             rosasco_split("f1", noise_fraction=bad)
     x, y, _ = make_rosasco("f1", 5, seed=1, noise_fraction=0)
     np.testing.assert_array_equal(y, (x[:, 0] ** 4 - x[:, 0] ** 2) * (3 + x[:, 1]))
+
+
+def test_rosasco_mean_abs_constants_are_right_to_round_off():
+    from scipy import integrate
+
+    from alacarte.datasets.synthetic import ROSASCO_MEAN_ABS
+
+    # f1 = (a⁴ − a²)(3 + b) with 3 + b ≥ 0: E|f1| = E|a⁴ − a²|·3 = (39.6 + 4/15)/3·3 = 598/15
+    assert ROSASCO_MEAN_ABS["f1"] == pytest.approx(598 / 15, rel=1e-10)
+
+    def inner(b):  # ∫_{-3}^{3} |c(a³ − a) + k| da, exactly, between the real roots of the cubic in a
+        c, k = 2 * (2 * b - 1) * (b + 1), b**3 - b + 3
+        roots = np.roots([c, 0.0, -c, k]) if c != 0 else []
+        ends = [-3.0, *sorted(r.real for r in roots if abs(r.imag) < 1e-12 and -3 < r.real < 3), 3.0]
+        antiderivative = np.polyint([c, 0.0, -c, k])
+        return sum(abs(np.polyval(antiderivative, hi) - np.polyval(antiderivative, lo)) for lo, hi in zip(ends, ends[1:]))
+
+    # the constant was 59.972864355, 2.3e-7 below this
+    mean_abs = integrate.quad(inner, -3, 3, points=[-1.0, 0.5], epsabs=1e-12, epsrel=1e-12, limit=500)[0] / 36
+    assert ROSASCO_MEAN_ABS["f2"] == pytest.approx(mean_abs, rel=1e-10)
