@@ -33,7 +33,10 @@ def make_se2(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, 
 
 def make_se3(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """SE3, d = 1000: latent z₁..z₂₀₀ ~ N(0, 1), five noisy copies of each
-    (x = z + N(0, 0.1²)), y = 10(z₁² + z₂²)·exp(−2(z₁² + z₂²)) + N(0, 0.01²)."""
+    (x = z + N(0, 0.1²)), y = 10(z₁² + z₂²)·exp(−2(z₁² + z₂²)) + N(0, 0.01²).
+
+    The paper's Table 1 writes z₃ for z₂; its text (the copies of z₁ and z₂ are
+    the 10 relevant inputs) is followed here (docs/mathematics.md §8)."""
     check_positive_int(n, "n")
     rng = np.random.default_rng(check_seed(seed))
     z = rng.standard_normal((n, 200))
@@ -69,7 +72,8 @@ def make_rosasco(
 
     plus Gaussian noise whose variance is ``noise_fraction`` times the average
     output magnitude E|f| over the domain (the paper: "a small fraction of the
-    average output"; it gives no number, 1% is our choice)."""
+    average output"; it gives no number, 1% is our choice, and the magnitude
+    because the plain average E f is 0 for f3)."""
     _check_function(function)
     check_positive_int(n, "n")
     noise_fraction = check_real(noise_fraction, "noise_fraction", 0, include_low=True)
