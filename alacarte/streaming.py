@@ -96,10 +96,13 @@ def _is_array(value) -> bool:
 
 
 def _holds_chunks(x) -> bool:
-    """Whether ``x`` is (x, y) chunks — a DataLoader or a list of array pairs — rather than rows."""
+    """Whether ``x`` is (x, y) chunks — a DataLoader or a list of array pairs — rather than rows.
+
+    A chunk's parts hold rows (ndim ≥ 1); a pair of 0-d tensors is a row of two columns
+    (``list(zip(a, b))`` of 1-D tensors), which fit takes as ordinary in-memory x."""
     return isinstance(x, torch.utils.data.DataLoader) or (
         isinstance(x, (list, tuple)) and len(x) > 0 and isinstance(x[0], (tuple, list)) and len(x[0]) == 2
-        and all(_is_array(part) for part in x[0])
+        and all(_is_array(part) and part.ndim > 0 for part in x[0])
     )
 
 

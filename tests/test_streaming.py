@@ -288,6 +288,20 @@ def test_float64_statistics_keep_a_float32_model_accurate():
     assert history.iterations == 6 and history.noise_refit_loss is not None and np.isfinite(history.loss).all()
 
 
+def test_rows_of_zero_dimensional_tensors_are_fitted_as_rows_not_taken_for_chunks():
+    # list(zip(a, b)) of two 1-D tensors: rows of two columns, each a pair of 0-d tensors — not
+    # (x, y) chunks, whose parts hold rows (it was refused with 'x holds (x, y) chunks ...').
+    generator = torch.Generator().manual_seed(0)
+    a, b, noise = torch.randn(3, 40, generator=generator, dtype=torch.float64)
+    y = torch.sin(a) + 0.3 * noise
+    fitted = []
+    for x in (list(zip(a, b)), torch.stack([a, b], 1)):
+        model = FeatureGP(None, None, FSARDKernel(num_dims=2, num_samples=16, ard_num_dims=2, seed=0)).double()
+        alacarte.fit(model, x, y, restarts=0, max_iter=2, progress=False)
+        fitted.append(model.state_dict())
+    assert all(torch.equal(fitted[0][name], fitted[1][name]) for name in fitted[1])
+
+
 def test_streaming_refuses_bad_input(tmp_path):
     x, y, model = make_case()
     with pytest.raises(ValueError, match="ExactRBFGP needs all rows in memory"):
