@@ -495,7 +495,8 @@ class _RBFKernel(RBFKernel):
     """
 
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params) -> Tensor:
-        if diag or (self.training and torch.equal(x1, x2)):
+        # (last_dim_is_batch, deprecated by GPyTorch, wants a block per input dimension: GPyTorch's own.)
+        if diag or params.get("last_dim_is_batch", False) or (self.training and torch.equal(x1, x2)):
             return super().forward(x1, x2, diag=diag, **params)
         if torch.equal(x1, x2):
             x = x1.div(self.lengthscale)

@@ -223,6 +223,22 @@ def test_exact_posterior_covariance_of_test_rows_does_not_depend_on_the_other_ro
         torch.testing.assert_close(cov[0, 1:], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("ard", [True, False])
+def test_exact_kernel_in_eval_mode_keeps_gpytorchs_last_dim_is_batch_blocks(ard):
+    """k(x, x, last_dim_is_batch=True) is one block per input dimension; in eval mode the kernel's
+    exact-difference path returned one (n, n) block and GPyTorch raised 'expected shape ... (3, 5, 5)'."""
+    kernel = ExactRBFGP(None, None, num_dims=3, ard=ard).double().covar_module.base_kernel
+    kernel.lengthscale = torch.tensor([0.7, 1.3, 2.0] if ard else [1.1], dtype=torch.float64)
+    x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    scaled = (x / kernel.lengthscale).T.unsqueeze(-1)  # (3, 5, 1): one input dimension per block
+    expected = (-(scaled - scaled.transpose(-2, -1)).square() / 2).exp()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for training in (True, False):
+            kernel.train(training)
+            torch.testing.assert_close(kernel(x, x, last_dim_is_batch=True).to_dense(), expected)
+
+
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 def test_a_row_that_overflows_the_kernels_arithmetic_is_refused_not_predicted_as_nan(make):
     """1.7e308 stays finite once standardised (input scales ~2), but ω·x or the squared distance does
