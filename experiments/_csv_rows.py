@@ -3,19 +3,35 @@ nothing it finished and resumes from the rows already there."""
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Sequence
-from pathlib import Path
+
+from alacarte.benchmark import _complete, _drop_incomplete_last_line
 
 
 def append_row(path: str | os.PathLike, fields: Sequence[str], row: dict) -> None:
-    """Append ``row`` to ``path`` (with the ``fields`` header first when the file is new or empty)."""
-    path = Path(path)
-    new = not path.exists() or path.stat().st_size == 0
-    with open(path, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fields)
-        if new:
+    """Append ``row`` to ``path`` (with the ``fields`` header first when the file is new or empty).
+
+    A last line without its newline (a run killed while writing it) is cut first, so that the new row
+    does not run on from it; the row is written in one piece."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fields)
+    with open(path, "a+", newline="") as fh:
+        _drop_incomplete_last_line(fh)
+        if fh.tell() == 0:
             writer.writeheader()
         writer.writerow(row)
+        fh.write(text.getvalue())
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """The rows of ``path`` (none when it does not exist), without a last line that lacks its newline:
+    a row cut short by a killed run, which must count as not done (the next append cuts it)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, newline="") as fh:
+        text = fh.read()
+    return [r for r in csv.DictReader(io.StringIO(text[:text.rfind("\n") + 1], newline="")) if _complete(r)]

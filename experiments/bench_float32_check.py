@@ -24,7 +24,6 @@ so a killed run resumes; the markdown table is written at the end.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import alacarte as ac  # noqa: E402
 from alacarte.benchmark import package_version  # noqa: E402
-from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
+from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 BENCHMARK_PROTOCOL = (512, 100, 5, 15)  # frequencies (D = 1024 features), max_iter, restarts, restart_iter
 # (dataset, kernel, protocol)
@@ -137,13 +136,6 @@ def _tally_row(n: int, chunk_rows: int) -> dict:
             "tally_seconds": f"{time.perf_counter() - start:.2e}"}
 
 
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def render(fits: list[dict], tallies: list[dict], command: str) -> str:
     lines = [f"Command: `{command}`", "",
              "**Float32 check.** Split 0, one thread; D features, protocol = restarts × their L-BFGS iterations "
@@ -183,18 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_default_dtype(torch.float64)
     version = package_version()
     tally_csv = args.csv.with_name(args.csv.stem + "_tally.csv")
-    done = {(r["dataset"], r["kernel"], int(r["num_features"]), r["protocol"]) for r in _rows(args.csv)}
+    done = {(r["dataset"], r["kernel"], int(r["num_features"]), r["protocol"]) for r in read_rows(args.csv)}
     for dataset, kind, protocol in FITS:
         if (dataset, kind, 2 * protocol[0], _protocol_text(protocol)) not in done:
             row = _float32_row(dataset, kind, protocol)
             append_row(args.csv, FIELDS, {**row, "version": version})
             print(f"{dataset} {kind}: gap {row['gap']}, RMSE {row['rmse32']} / {row['rmse64']}", flush=True)
-    tallied = {int(r["n"]) for r in _rows(tally_csv)}
+    tallied = {int(r["n"]) for r in read_rows(tally_csv)}
     for n in args.tally_n:
         if n not in tallied:
             append_row(tally_csv, TALLY_FIELDS, {**_tally_row(n, chunk_rows=4096), "version": version})
     command = "python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
-    args.out.write_text(render(_rows(args.csv), _rows(tally_csv), command))
+    args.out.write_text(render(read_rows(args.csv), read_rows(tally_csv), command))
     return 0
 
 

@@ -28,7 +28,6 @@ as the benchmark does, so its random state is the CPU run's); rows record it.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import alacarte as ac  # noqa: E402
 from alacarte.benchmark import check_device, package_version, parse_splits  # noqa: E402
-from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
+from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 SUBJECT, AGE, TEST_TIME = 0, 1, 3
 VOICE = slice(4, None)
@@ -65,10 +64,7 @@ def interpolate_within_subject(x_train: np.ndarray, y_train: np.ndarray, x_test:
 
 
 def _done(path: Path) -> set[tuple]:
-    if not path.exists():
-        return set()
-    with open(path, newline="") as fh:
-        return {(int(r["split"]), r["method"], r["max_iter"], r["noise_floor"]) for r in csv.DictReader(fh)}
+    return {(int(r["split"]), r["method"], r["max_iter"], r["noise_floor"]) for r in read_rows(path)}
 
 
 def _fit_and_score(model, data, split: int, max_iter: int, device: str) -> dict:
@@ -115,9 +111,8 @@ def _seconds(row: dict) -> str:
 
 
 def render(path: Path, command: str) -> str:
-    with open(path, newline="") as fh:
-        rows = sorted(csv.DictReader(fh), key=lambda r: (["interpolation", "fsard", "pwl", "gm"].index(r["method"]),
-                                                        int(r["max_iter"] or 0), int(r["split"])))
+    rows = sorted(read_rows(path), key=lambda r: (["interpolation", "fsard", "pwl", "gm"].index(r["method"]),
+                                                 int(r["max_iter"] or 0), int(r["split"])))
     lines = [f"Command: `{command}`", "",
              "Parkinsons, test RMSE in the target's units (its standard deviation is 10.7; the paper's row is "
              "0.00–0.04). FSARD: the benchmark's protocol (5 restarts × 15 L-BFGS iterations, then `max_iter`) "

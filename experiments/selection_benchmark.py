@@ -19,7 +19,6 @@ Resumable: rows are appended to the CSV as they finish; a re-run skips the
 from __future__ import annotations
 
 import argparse
-import csv
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 import alacarte as ac  # noqa: E402
 from alacarte.datasets import make_se1, make_se2, make_se3  # noqa: E402
 from alacarte.selection.srff import _median_neighbour_distance  # noqa: E402
+from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 COLUMNS = ["problem", "n", "method", "replication", "rmse", "selected", "relevance", "train_seconds", "seed", "version"]
 PROBLEMS = {"se1": (make_se1, 1000), "se2": (make_se2, 1000), "se3": (make_se3, 10000)}
@@ -119,10 +119,7 @@ def run_method(method: str, train, val, test, seed: int):
 
 
 def done_cells(path: Path) -> set:
-    if not path.exists():
-        return set()
-    with path.open() as f:
-        return {(r["problem"], int(r["n"]), r["method"], int(r["replication"])) for r in csv.DictReader(f)}
+    return {(r["problem"], int(r["n"]), r["method"], int(r["replication"])) for r in read_rows(path)}
 
 
 def main(argv=None) -> None:
@@ -160,12 +157,7 @@ def main(argv=None) -> None:
                                selected=" ".join(str(int(i)) for i in selected),
                                relevance="" if relevance is None else " ".join(f"{v:.4g}" for v in relevance),
                                train_seconds=f"{seconds:.2f}", seed=seed, version=tag)
-                    new = not args.out.exists()
-                    with args.out.open("a", newline="") as f:
-                        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-                        if new:
-                            writer.writeheader()
-                        writer.writerow(row)
+                    append_row(args.out, COLUMNS, row)
                     exact = set(int(i) for i in selected) == set(relevant)
                     print(f"{problem} n={n} {method} rep={rep}: rmse={rmse:.4f} exact={exact} "
                           f"|selected|={len(selected)} {seconds:.1f}s", flush=True)

@@ -14,7 +14,6 @@ continues where it stopped.  One thread: the machine is shared.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import alacarte  # noqa: E402
 from alacarte.datasets import make_se1, make_se2, make_se3, rosasco_split  # noqa: E402
 from alacarte.selection import DerivativeSelector, RFFNetRegressor  # noqa: E402
-from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
+from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSV_PATH = os.path.join(HERE, "results", "selection_rffnet.csv")
@@ -54,10 +53,7 @@ def version() -> str:
 
 
 def done_keys() -> set[tuple[str, int, str, int]]:
-    if not os.path.exists(CSV_PATH):
-        return set()
-    with open(CSV_PATH) as fh:
-        return {(r["problem"], int(r["n"]), r["method"], int(r["replication"])) for r in csv.DictReader(fh)}
+    return {(r["problem"], int(r["n"]), r["method"], int(r["replication"])) for r in read_rows(CSV_PATH)}
 
 
 def row(problem, n, method, rep, rmse, selected, relevance, seconds, seed) -> dict:
@@ -196,11 +192,6 @@ RELEVANT = {"se1": {0, 2, 6, 7, 8}, "se2": set(range(10, 15)), "se3": set(range(
 MD_PATH = os.path.join(HERE, "results", "selection_rffnet.md")
 
 
-def _read(path: str) -> list[dict]:
-    with open(path) as fh:
-        return list(csv.DictReader(fh))
-
-
 def _mean_std(values) -> str:
     values = np.asarray(values, dtype=float)
     std = values.std(ddof=1) if len(values) > 1 else float("nan")
@@ -208,7 +199,7 @@ def _mean_std(values) -> str:
 
 
 def report() -> None:
-    rows = _read(CSV_PATH)
+    rows = read_rows(CSV_PATH)
     by_key: dict[tuple, list[dict]] = {}
     for r in rows:
         by_key.setdefault((r["problem"], int(r["n"]), r["method"]), []).append(r)
@@ -249,7 +240,7 @@ def report() -> None:
 
     lines += ["", "## RFFNet paper, Table 2 (test MSE at n = 50k; paper: mean (std), 2k test points)", "",
               "| problem | paper BARD | paper SRFF | paper RFFNet | ours RFFNet (MSE) | reps |", "|---|---|---|---|---|---|"]
-    paper = {(r["problem"], r["method"]): r for r in _read(os.path.join(HERE, "paper_rffnet_table2.csv"))}
+    paper = {(r["problem"], r["method"]): r for r in read_rows(os.path.join(HERE, "paper_rffnet_table2.csv"))}
     for problem in ("se1", "se2"):
         group = by_key.get((problem, 50000, "rffnet"), [])
         ours = _mean_std([float(r["rmse"]) ** 2 for r in group]) if group else "not run"
@@ -269,7 +260,7 @@ def report() -> None:
               "",
               "| function | method | paper | ours: relative MSE | ours: MSE | TP rate | FP rate | reps |",
               "|---|---|---|---|---|---|---|---|"]
-    paper_r = {(r["function"], r["method"]): r for r in _read(os.path.join(HERE, "paper_rosasco_table1.csv"))}
+    paper_r = {(r["function"], r["method"]): r for r in read_rows(os.path.join(HERE, "paper_rosasco_table1.csv"))}
     for function in ("f1", "f2", "f3"):
         var_test = float(np.var(rosasco_split(function)["test"][1]))
         for method in ("alg1", "alg1_gr", "l1", "g_ridge"):

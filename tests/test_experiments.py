@@ -1,0 +1,24 @@
+"""The experiment scripts' own machinery: resumable result files."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import selection_benchmark  # noqa: E402
+from _csv_rows import append_row, read_rows  # noqa: E402
+
+
+def test_a_row_cut_short_by_a_killed_run_is_not_done_and_does_not_swallow_the_next(tmp_path):
+    path = tmp_path / "selection.csv"
+    row = dict(problem="se3", n=1000, method="ridge", replication=0, rmse="1.234567", selected="0 1 2",
+               relevance=" ".join(["0.001"] * 1000), train_seconds="1.00", seed=1, version="x")
+    append_row(path, selection_benchmark.COLUMNS, row)
+    append_row(path, selection_benchmark.COLUMNS, {**row, "replication": 1})
+    text = path.read_bytes()
+    path.write_bytes(text[:-3000])  # killed while writing replication 1's row
+    assert selection_benchmark.done_cells(path) == {("se3", 1000, "ridge", 0)}
+    append_row(path, selection_benchmark.COLUMNS, {**row, "replication": 2})
+    rows = read_rows(path)
+    assert [(r["replication"], r["rmse"], r["version"]) for r in rows] == [("0", "1.234567", "x"), ("2", "1.234567", "x")]
+    assert path.read_bytes().count(b"\n") == 3
