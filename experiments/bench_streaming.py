@@ -319,11 +319,16 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
+    # here, not at the top: the workers' peak memory is measured
+    from alacarte.benchmark import _drop_incomplete_last_line
+
     command = "python " + shlex.join(arg for arg in sys.argv if arg != "--render-only")
     done = {}
     if os.path.exists(args.raw):
         with open(args.raw) as fh:
             for line in fh:
+                if not line.endswith("\n"):  # a row a killed run cut short: not done (the next append cuts it)
+                    break
                 r = json.loads(line)
                 done[_key(r["config"], r["n"], r["M"])] = r
     todo = [(c, n, m) for c, n, m, reason in plan(args) if reason is None and _key(c, n, m) not in done]
@@ -344,7 +349,8 @@ def main() -> None:
             return
         with lock:
             done[_key(config, n, m)] = result
-            with open(args.raw, "a") as fh:
+            with open(args.raw, "a+") as fh:
+                _drop_incomplete_last_line(fh)  # so that this row does not run on from a cut one
                 fh.write(json.dumps(result) + "\n")
             with open(args.out, "w") as fh:
                 fh.write(render(args, done, command))

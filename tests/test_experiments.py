@@ -1,4 +1,5 @@
 """The experiment scripts' own machinery: resumable result files."""
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,3 +23,16 @@ def test_a_row_cut_short_by_a_killed_run_is_not_done_and_does_not_swallow_the_ne
     rows = read_rows(path)
     assert [(r["replication"], r["rmse"], r["version"]) for r in rows] == [("0", "1.234567", "x"), ("2", "1.234567", "x")]
     assert path.read_bytes().count(b"\n") == 3
+
+
+def test_the_streaming_benchmark_resumes_a_raw_file_whose_last_row_was_cut_short(tmp_path):
+    committed = (ROOT / "experiments/results/streaming_raw.jsonl").read_text()
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(committed + committed.splitlines()[-1][:60])  # killed while writing a row
+    tables = []
+    for source in (raw, ROOT / "experiments/results/streaming_raw.jsonl"):
+        out = tmp_path / "streaming.md"
+        subprocess.run([sys.executable, str(ROOT / "experiments/bench_streaming.py"), "--render-only", "--raw",
+                        str(source), "--out", str(out)], check=True, capture_output=True, timeout=120)
+        tables.append([line for line in out.read_text().splitlines() if "|" in line])
+    assert tables[0] == tables[1] and len(tables[0]) > 2
