@@ -130,61 +130,68 @@ def run_rosasco(replications: int, problems: list[str] | None) -> None:
         if problems and function not in problems:
             continue
         for rep in range(replications):
-            if (function, 80, "alg1_gr", rep) in done:
+            # each method on its own: a run killed between two rows of a replication leaves the others to do
+            todo = {m for m in ("alg1", "alg1_gr", "g_ridge", "l1") if (function, 80, m, rep) not in done}
+            if not todo:
                 continue
             data = rosasco_split(function, seed=rep)
             (x, y), (xv, yv), (xs, ys) = data["train"], data["validation"], data["test"]
             scale = float(y.std())
-            start = time.perf_counter()
-            best_alg1 = best_gr = None
-            for gamma in ROSASCO_GAMMAS:
-                model = DerivativeSelector(gamma=gamma, mu=1e-4, refit=False, warm_start=True, tol=1e-5 * scale,
-                                           max_iter=2000, max_inner_iter=300)
-                for tau_raw in ROSASCO_TAUS * scale:
-                    tau = tau_raw / np.sqrt(X_VAR)
-                    model.set_params(tau=tau, threshold=X_VAR * tau_raw, refit=False).fit(x, y)
-                    val = rmse(model.predict_penalized(xv), yv)
-                    state = (val, gamma, tau, model.predict_penalized(xs), model.selected_.copy(), model.relevance_.copy())
-                    if best_alg1 is None or val < best_alg1[0]:
-                        best_alg1 = state
-                    sel = model.selected_
-                    # the GR refit on the selected inputs, standardised as the selector standardised them
-                    z, zv, zs = ((a - model.x_mean_) / model.x_scale_ for a in (x, xv, xs))
-                    for ridge, refit_gamma in [(r, g) for r in RIDGES for g in REFIT_GAMMAS]:
-                        if len(sel) == 0:
-                            pv, ps = np.full(len(yv), y.mean()), np.full(len(ys), y.mean())
-                        else:
-                            kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=refit_gamma).fit(z[:, sel], y - y.mean())
-                            pv, ps = kr.predict(zv[:, sel]) + y.mean(), kr.predict(zs[:, sel]) + y.mean()
-                        val = rmse(pv, yv)
-                        if best_gr is None or val < best_gr[0]:
-                            best_gr = (val, gamma, tau, ps, sel.copy(), model.relevance_.copy())
-            seconds = time.perf_counter() - start
-            for method, best in (("alg1", best_alg1), ("alg1_gr", best_gr)):
-                append_row(CSV_PATH, COLUMNS, row(function, 80, method, rep, rmse(best[3], ys), best[4], best[5], seconds, rep))
-                print(f"{function} rep={rep} {method} test mse={rmse(best[3], ys) ** 2:.4g} "
-                      f"(var {ys.var():.4g}) selected={best[4].tolist()} gamma={best[1]} tau={best[2]:.3g} "
-                      f"(standardised inputs)", flush=True)
+            if todo & {"alg1", "alg1_gr"}:
+                start = time.perf_counter()
+                best_alg1 = best_gr = None
+                for gamma in ROSASCO_GAMMAS:
+                    model = DerivativeSelector(gamma=gamma, mu=1e-4, refit=False, warm_start=True, tol=1e-5 * scale,
+                                               max_iter=2000, max_inner_iter=300)
+                    for tau_raw in ROSASCO_TAUS * scale:
+                        tau = tau_raw / np.sqrt(X_VAR)
+                        model.set_params(tau=tau, threshold=X_VAR * tau_raw, refit=False).fit(x, y)
+                        val = rmse(model.predict_penalized(xv), yv)
+                        state = (val, gamma, tau, model.predict_penalized(xs), model.selected_.copy(), model.relevance_.copy())
+                        if best_alg1 is None or val < best_alg1[0]:
+                            best_alg1 = state
+                        sel = model.selected_
+                        # the GR refit on the selected inputs, standardised as the selector standardised them
+                        z, zv, zs = ((a - model.x_mean_) / model.x_scale_ for a in (x, xv, xs))
+                        for ridge, refit_gamma in [(r, g) for r in RIDGES for g in REFIT_GAMMAS]:
+                            if len(sel) == 0:
+                                pv, ps = np.full(len(yv), y.mean()), np.full(len(ys), y.mean())
+                            else:
+                                kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=refit_gamma).fit(z[:, sel], y - y.mean())
+                                pv, ps = kr.predict(zv[:, sel]) + y.mean(), kr.predict(zs[:, sel]) + y.mean()
+                            val = rmse(pv, yv)
+                            if best_gr is None or val < best_gr[0]:
+                                best_gr = (val, gamma, tau, ps, sel.copy(), model.relevance_.copy())
+                seconds = time.perf_counter() - start
+                for method, best in (("alg1", best_alg1), ("alg1_gr", best_gr)):
+                    if method not in todo:
+                        continue
+                    append_row(CSV_PATH, COLUMNS, row(function, 80, method, rep, rmse(best[3], ys), best[4], best[5], seconds, rep))
+                    print(f"{function} rep={rep} {method} test mse={rmse(best[3], ys) ** 2:.4g} "
+                          f"(var {ys.var():.4g}) selected={best[4].tolist()} gamma={best[1]} tau={best[2]:.3g} "
+                          f"(standardised inputs)", flush=True)
             # references: Gaussian kernel ridge on all inputs, and the lasso; hyperparameters on validation
-            t0 = time.perf_counter()
-            best = None
-            for gamma in G_RIDGE_GAMMAS:
-                for ridge in RIDGES:
-                    kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=gamma).fit(x, y - y.mean())
-                    val = rmse(kr.predict(xv) + y.mean(), yv)
+            if "g_ridge" in todo:
+                t0 = time.perf_counter()
+                best = None
+                for gamma in G_RIDGE_GAMMAS:
+                    for ridge in RIDGES:
+                        kr = KernelRidge(alpha=ridge, kernel="rbf", gamma=gamma).fit(x, y - y.mean())
+                        val = rmse(kr.predict(xv) + y.mean(), yv)
+                        if best is None or val < best[0]:
+                            best = (val, kr.predict(xs) + y.mean())
+                append_row(CSV_PATH, COLUMNS, row(function, 80, "g_ridge", rep, rmse(best[1], ys), range(6), np.ones(6), time.perf_counter() - t0, rep))
+            if "l1" in todo:
+                t0 = time.perf_counter()
+                best = None
+                for a in np.geomspace(1e-3, 10, 15) * scale:
+                    lasso = Lasso(alpha=a, max_iter=100000).fit(x, y)
+                    val = rmse(lasso.predict(xv), yv)
                     if best is None or val < best[0]:
-                        best = (val, kr.predict(xs) + y.mean())
-            append_row(CSV_PATH, COLUMNS, row(function, 80, "g_ridge", rep, rmse(best[1], ys), range(6), np.ones(6), time.perf_counter() - t0, rep))
-            t0 = time.perf_counter()
-            best = None
-            for a in np.geomspace(1e-3, 10, 15) * scale:
-                lasso = Lasso(alpha=a, max_iter=100000).fit(x, y)
-                val = rmse(lasso.predict(xv), yv)
-                if best is None or val < best[0]:
-                    best = (val, lasso)
-            coef = np.abs(best[1].coef_)
-            append_row(CSV_PATH, COLUMNS, row(function, 80, "l1", rep, rmse(best[1].predict(xs), ys), np.flatnonzero(coef),
-                       coef / coef.max() if coef.max() > 0 else coef, time.perf_counter() - t0, rep))
+                        best = (val, lasso)
+                coef = np.abs(best[1].coef_)
+                append_row(CSV_PATH, COLUMNS, row(function, 80, "l1", rep, rmse(best[1].predict(xs), ys), np.flatnonzero(coef),
+                           coef / coef.max() if coef.max() > 0 else coef, time.perf_counter() - t0, rep))
 
 
 RELEVANT = {"se1": {0, 2, 6, 7, 8}, "se2": set(range(10, 15)), "se3": set(range(10)),

@@ -36,3 +36,20 @@ def test_the_streaming_benchmark_resumes_a_raw_file_whose_last_row_was_cut_short
                         str(source), "--out", str(out)], check=True, capture_output=True, timeout=120)
         tables.append([line for line in out.read_text().splitlines() if "|" in line])
     assert tables[0] == tables[1] and len(tables[0]) > 2
+
+
+def test_a_rosasco_replication_killed_after_its_first_rows_gets_the_others_on_resume(tmp_path, monkeypatch):
+    import selection_rffnet
+
+    path = tmp_path / "selection_rffnet.csv"
+    monkeypatch.setattr(selection_rffnet, "CSV_PATH", str(path))
+    for method in ("alg1", "alg1_gr"):  # the rows written before the kill
+        append_row(path, selection_rffnet.COLUMNS, selection_rffnet.row("f1", 80, method, 0, 1.0, [0], [1.0], 1.0, 0))
+    selection_rffnet.run_rosasco(1, ["f1"])
+    rows = read_rows(path)
+    assert [r["method"] for r in rows] == ["alg1", "alg1_gr", "g_ridge", "l1"]
+    assert rows[0]["rmse"] == "1"  # not run again
+    committed = {r["method"]: r for r in read_rows(ROOT / "experiments/results/selection_rffnet.csv")
+                 if r["problem"] == "f1" and r["replication"] == "0"}
+    for r in rows[2:]:
+        assert (r["rmse"], r["selected"], r["relevance"]) == tuple(committed[r["method"]][k] for k in ("rmse", "selected", "relevance"))
