@@ -296,6 +296,16 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="*", type=int, help="restrict to these training sizes")
     parser.add_argument("--report", action="store_true", help="write results/selection_rffnet.md from the CSV")
     args = parser.parse_args()
+    # a problem or size the part does not run would otherwise run nothing, silently
+    known = {"se": sorted({p for p, _ in SE_SCHEDULE}), "rosasco": ["f1", "f2", "f3"]}[args.part]
+    if not set(args.problems or []) <= set(known):
+        parser.error(f"--part {args.part} runs the problems {' '.join(known)}; got --problems {' '.join(args.problems)}")
+    sizes = sorted({n for p, n in SE_SCHEDULE if p in (args.problems or known)}) if args.part == "se" else [80]
+    if not set(args.sizes or []) <= set(sizes):
+        parser.error(f"--part {args.part} runs {' '.join(args.problems or known)} at the training sizes "
+                     f"{' '.join(map(str, sizes))}; got --sizes {' '.join(map(str, args.sizes))}")
+    if args.replications < 1:
+        parser.error(f"--replications must be at least 1, got {args.replications}")
     torch.set_num_threads(1)
     if args.report:
         report()

@@ -1,7 +1,9 @@
-"""The experiment scripts' own machinery: resumable result files."""
+"""The experiment scripts' own machinery: resumable result files, and settings that would run nothing."""
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -53,3 +55,14 @@ def test_a_rosasco_replication_killed_after_its_first_rows_gets_the_others_on_re
                  if r["problem"] == "f1" and r["replication"] == "0"}
     for r in rows[2:]:
         assert (r["rmse"], r["selected"], r["relevance"]) == tuple(committed[r["method"]][k] for k in ("rmse", "selected", "relevance"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--part", "se", "--problems", "f1"], "--part se runs the problems se1 se2 se3; got --problems f1"),
+    (["--part", "se", "--problems", "se3", "--sizes", "5000"], "runs se3 at the training sizes 1000 50000"),
+    (["--part", "rosasco", "--replications", "0"], "--replications must be at least 1"),
+])
+def test_selection_rffnet_refuses_settings_that_would_run_nothing(args, message):
+    result = subprocess.run([sys.executable, str(ROOT / "experiments/selection_rffnet.py"), *args],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and message in result.stderr
