@@ -20,7 +20,6 @@ markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import alacarte as ac  # noqa: E402
 from alacarte.benchmark import package_version, parse_splits  # noqa: E402
-from _csv_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
+from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 FIELDS = ["split", "rows", "n_train", "dropped", "rmse", "noise", "loss_per_point", "restart_losses",
           "chosen_restart", "converged", "noise_warning", "train_seconds", "version"]
@@ -47,10 +46,7 @@ def first_of_each_input(x: np.ndarray) -> np.ndarray:
 
 
 def _done(path: Path) -> set[tuple]:
-    if not path.exists():
-        return set()
-    with open(path, newline="") as fh:
-        return {(int(r["split"]), r["rows"]) for r in csv.DictReader(fh)}
+    return {(int(r["split"]), r["rows"]) for r in read_rows(path)}
 
 
 def _fit_row(data, split: int, keep: np.ndarray) -> dict:
@@ -74,8 +70,7 @@ def _fit_row(data, split: int, keep: np.ndarray) -> dict:
 
 
 def render(path: Path, command: str) -> str:
-    with open(path, newline="") as fh:
-        rows = sorted(csv.DictReader(fh), key=lambda r: (r["rows"] != "all", int(r["split"])))
+    rows = sorted(read_rows(path), key=lambda r: (r["rows"] != "all", int(r["split"])))
     lines = [f"Command: `{command}`", "",
              "UCI wine, exact ARD with the benchmark's protocol, fitted on all training rows and on the first "
              "row of each distinct input. Loss = negative log marginal likelihood per point (of the rows it "

@@ -66,3 +66,13 @@ def test_selection_rffnet_refuses_settings_that_would_run_nothing(args, message)
     result = subprocess.run([sys.executable, str(ROOT / "experiments/selection_rffnet.py"), *args],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_the_wine_diagnostic_does_not_count_a_row_cut_short_as_done(tmp_path):
+    import wine_duplicates
+
+    path = tmp_path / "wine.csv"
+    for split in (0, 1):
+        append_row(path, wine_duplicates.FIELDS, {"split": split, "rows": "all", "rmse": "0.5", "version": "x"})
+    path.write_bytes(path.read_bytes()[:-4])  # killed while writing split 1's row
+    assert wine_duplicates._done(path) == {(0, "all")}
