@@ -20,6 +20,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from _csv_rows import read_rows  # noqa: E402  (experiments/, the script's own folder)
+
 RESULTS = ROOT / "experiments/results"
 PAPER = ROOT / "experiments/srff_paper_tables.csv"
 RELEVANT = {"se1": {0, 2, 6, 7, 8}, "se2": set(range(10, 15)), "se3": set(range(10))}
@@ -29,9 +32,9 @@ ORDER = ["srff", "gp-simplex-fsard", "gp-fsard", "rffnet", "mean", "ridge", "las
 def load_rows() -> list[dict]:
     rows = []
     for path in sorted(RESULTS.glob("selection_*.csv")):
-        with path.open() as f:
-            # the Rosasco f1-f3 rows have their own report (selection_rffnet.md)
-            rows.extend(r for r in csv.DictReader(f) if r["problem"] in RELEVANT)
+        # the Rosasco f1-f3 rows have their own report (selection_rffnet.md); a row a running benchmark is
+        # still writing is not read
+        rows.extend(r for r in read_rows(path) if r["problem"] in RELEVANT)
     return rows
 
 

@@ -76,3 +76,16 @@ def test_the_wine_diagnostic_does_not_count_a_row_cut_short_as_done(tmp_path):
         append_row(path, wine_duplicates.FIELDS, {"split": split, "rows": "all", "rmse": "0.5", "version": "x"})
     path.write_bytes(path.read_bytes()[:-4])  # killed while writing split 1's row
     assert wine_duplicates._done(path) == {(0, "all")}
+
+
+def test_the_selection_report_leaves_out_a_row_a_running_benchmark_is_still_writing(tmp_path, monkeypatch):
+    import selection_report
+
+    monkeypatch.setattr(selection_report, "RESULTS", tmp_path)
+    path = tmp_path / "selection_srff.csv"
+    row = dict(problem="se2", n=1000, method="srff", replication=0, rmse="1.5", selected="10", relevance="1",
+               train_seconds="100.00", seed=1, version="x")
+    append_row(path, selection_benchmark.COLUMNS, row)
+    append_row(path, selection_benchmark.COLUMNS, {**row, "replication": 1, "rmse": "1.2"})
+    path.write_bytes(path.read_bytes()[:-10])  # cut inside train_seconds (100.00 read as 10)
+    assert [r["rmse"] for r in selection_report.load_rows()] == ["1.5"]
