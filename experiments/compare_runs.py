@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--labels", nargs=2, default=["A", "B"], metavar=("A", "B"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    missing = [path for path in args.a + args.b if not os.path.isfile(path)]
+    if missing:  # read_rows reads a missing file as no rows: the comparison would be silently empty
+        parser.error(f"no such results file: {', '.join(missing)}")
     command = "python " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
     text = render(args.a, args.b, tuple(args.labels), command)
     args.out.write_text(text)

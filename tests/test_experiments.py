@@ -89,3 +89,13 @@ def test_the_selection_report_leaves_out_a_row_a_running_benchmark_is_still_writ
     append_row(path, selection_benchmark.COLUMNS, {**row, "replication": 1, "rmse": "1.2"})
     path.write_bytes(path.read_bytes()[:-10])  # cut inside train_seconds (100.00 read as 10)
     assert [r["rmse"] for r in selection_report.load_rows()] == ["1.5"]
+
+
+def test_compare_runs_refuses_a_results_file_that_does_not_exist(tmp_path, capsys):
+    import compare_runs
+
+    with pytest.raises(SystemExit) as stop:
+        compare_runs.main(["--a", str(tmp_path / "typo.csv"), "--b", str(ROOT / "experiments/results/uci_cuda.csv"),
+                           "--out", str(tmp_path / "out.md")])
+    assert stop.value.code == 2 and "no such results file: " + str(tmp_path / "typo.csv") in capsys.readouterr().err
+    assert not (tmp_path / "out.md").exists()
