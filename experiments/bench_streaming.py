@@ -318,6 +318,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.render_only and not os.path.isfile(args.raw):  # else a table of nothing would replace --out
+        parser.error(f"--render-only: no such raw file {args.raw}")
 
     # here, not at the top: the workers' peak memory is measured
     from alacarte.benchmark import _drop_incomplete_last_line

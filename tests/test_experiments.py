@@ -99,3 +99,10 @@ def test_compare_runs_refuses_a_results_file_that_does_not_exist(tmp_path, capsy
                            "--out", str(tmp_path / "out.md")])
     assert stop.value.code == 2 and "no such results file: " + str(tmp_path / "typo.csv") in capsys.readouterr().err
     assert not (tmp_path / "out.md").exists()
+
+
+def test_the_streaming_benchmark_refuses_to_render_a_raw_file_that_does_not_exist(tmp_path):
+    out = tmp_path / "streaming.md"
+    result = subprocess.run([sys.executable, str(ROOT / "experiments/bench_streaming.py"), "--render-only", "--raw",
+                             str(tmp_path / "typo.jsonl"), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--render-only: no such raw file" in result.stderr and not out.exists()
