@@ -1,4 +1,5 @@
 """The experiment scripts' own machinery: resumable result files, and settings that would run nothing."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,18 @@ def test_the_streaming_benchmark_refuses_to_render_a_raw_file_that_does_not_exis
     result = subprocess.run([sys.executable, str(ROOT / "experiments/bench_streaming.py"), "--render-only", "--raw",
                              str(tmp_path / "typo.jsonl"), "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--render-only: no such raw file" in result.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("script", ["bench_derivative", "bench_features", "bench_fwht"])
+def test_a_benchmark_sets_transparent_huge_pages_before_torch_is_imported(script):
+    # the Machine line reports THP_MEM_ALLOC_ENABLE=1; torch reads it at its first allocation, made on import
+    code = ("import os, sys\n"
+            "seen = []\n"
+            "sys.addaudithook(lambda event, args: seen.append(os.environ.get('THP_MEM_ALLOC_ENABLE'))\n"
+            "                 if event == 'import' and args[0] == 'torch' and not seen else None)\n"
+            f"sys.path[:0] = [{str(ROOT / 'experiments')!r}, {str(ROOT / 'tests')!r}]\n"
+            f"import {script}\n"
+            "print(seen[0])\n")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.stdout.strip() == "1", result.stderr
