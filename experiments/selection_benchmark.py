@@ -38,6 +38,7 @@ from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the sc
 
 COLUMNS = ["problem", "n", "method", "replication", "rmse", "selected", "relevance", "train_seconds", "seed", "version"]
 PROBLEMS = {"se1": (make_se1, 1000), "se2": (make_se2, 1000), "se3": (make_se3, 10000)}
+SE3_SIZES = (1000, 50000)  # the paper reports SE3 at 1k and 50k only
 METHODS = ["mean", "ridge", "lasso", "srff", "gp-simplex-fsard", "gp-fsard"]
 
 
@@ -131,14 +132,18 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "experiments/results/selection_srff.csv")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.problems == ["se3"] and not set(args.n) & set(SE3_SIZES):  # it would run nothing, silently
+        parser.error(f"se3 runs at n = {' or '.join(map(str, SE3_SIZES))} only; got --n {' '.join(map(str, args.n))}")
+    if args.reps < 1 or min(args.n) < 1:
+        parser.error(f"--reps and --n must be at least 1, got --reps {args.reps} --n {' '.join(map(str, args.n))}")
     torch.set_num_threads(args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = done_cells(args.out)
     tag = version()
     for n in sorted(args.n):
         for problem in args.problems:
-            if problem == "se3" and n not in (1000, 50000):
-                continue  # the paper reports SE3 at 1k and 50k only
+            if problem == "se3" and n not in SE3_SIZES:
+                continue
             for rep in range(args.reps):
                 todo = [m for m in args.methods if (problem, n, m, rep) not in done]
                 if not todo:

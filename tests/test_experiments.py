@@ -122,3 +122,15 @@ def test_a_benchmark_sets_transparent_huge_pages_before_torch_is_imported(script
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.stdout.strip() == "1", result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--problems", "se3", "--n", "5000"], "se3 runs at n = 1000 or 50000 only; got --n 5000"),
+    (["--reps", "0"], "--reps and --n must be at least 1"),
+    (["--n", "0", "--methods", "mean", "--reps", "1"], "--reps and --n must be at least 1"),  # wrote rmse = nan
+])
+def test_selection_benchmark_refuses_settings_that_would_run_nothing_or_nonsense(args, message, tmp_path):
+    out = tmp_path / "rows.csv"
+    result = subprocess.run([sys.executable, str(ROOT / "experiments/selection_benchmark.py"), *args, "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and message in result.stderr and not out.exists()
