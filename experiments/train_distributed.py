@@ -110,7 +110,7 @@ def main() -> None:
         top = np.argsort(-relevance)[:6]
         launcher = f"torchrun --standalone --nproc_per_node={world} " if distributed else "python "
         lines = [
-            "# Full streamed fit of FSARD on 10⁶ SE1 points",
+            f"# Full streamed fit of FSARD on {args.n:,} SE1 points",
             "",
             f"Command: `{launcher}{' '.join(sys.argv)}`",
             "",

@@ -134,3 +134,11 @@ def test_selection_benchmark_refuses_settings_that_would_run_nothing_or_nonsense
     result = subprocess.run([sys.executable, str(ROOT / "experiments/selection_benchmark.py"), *args, "--out", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and message in result.stderr and not out.exists()
+
+
+def test_the_streamed_fit_report_names_the_training_size_it_ran(tmp_path):
+    out = tmp_path / "streaming_fit.md"
+    subprocess.run([sys.executable, str(ROOT / "experiments/train_distributed.py"), "--n-train", "2000", "--n-test", "100",
+                    "--num-samples", "8", "--max-iter", "2", "--data", str(tmp_path), "--out", str(out)],
+                   check=True, capture_output=True, timeout=300, env={k: v for k, v in os.environ.items() if k != "RANK"})
+    assert out.read_text().splitlines()[0] == "# Full streamed fit of FSARD on 2,000 SE1 points"
