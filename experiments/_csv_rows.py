@@ -14,13 +14,21 @@ def append_row(path: str | os.PathLike, fields: Sequence[str], row: dict) -> Non
     """Append ``row`` to ``path`` (with the ``fields`` header first when the file is new or empty).
 
     A last line without its newline (a run killed while writing it) is cut first, so that the new row
-    does not run on from it; the row is written in one piece."""
+    does not run on from it; the row is written in one piece.  A file with other columns (written by an
+    older version of the script) is refused with a ``ValueError``."""
     text = io.StringIO()
     writer = csv.DictWriter(text, fields)
     with open(path, "a+", newline="") as fh:
         _drop_incomplete_last_line(fh)
         if fh.tell() == 0:
             writer.writeheader()
+        else:
+            fh.seek(0)
+            header = next(csv.reader(fh))
+            if header != list(fields):  # the row's values would land under other columns
+                raise ValueError(f"{path} has the columns {header}; this script writes {list(fields)}: "
+                                 "pass another file, or bring this one to the new columns")
+            fh.seek(0, os.SEEK_END)
         writer.writerow(row)
         fh.write(text.getvalue())
         fh.flush()

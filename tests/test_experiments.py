@@ -142,3 +142,14 @@ def test_the_streamed_fit_report_names_the_training_size_it_ran(tmp_path):
                     "--num-samples", "8", "--max-iter", "2", "--data", str(tmp_path), "--out", str(out)],
                    check=True, capture_output=True, timeout=300, env={k: v for k, v in os.environ.items() if k != "RANK"})
     assert out.read_text().splitlines()[0] == "# Full streamed fit of FSARD on 2,000 SE1 points"
+
+
+def test_a_row_is_not_appended_under_the_columns_of_another_schema(tmp_path):
+    path = tmp_path / "rows.csv"
+    append_row(path, ["split", "rmse", "version"], {"split": 0, "rmse": "0.5", "version": "x"})
+    with pytest.raises(ValueError, match=r"has the columns \['split', 'rmse', 'version'\]; this script writes "
+                                         r"\['split', 'rmse', 'noise', 'version'\]"):
+        append_row(path, ["split", "rmse", "noise", "version"], {"split": 1, "rmse": "0.4", "noise": "0.1", "version": "x"})
+    assert len(read_rows(path)) == 1
+    append_row(path, ["split", "rmse", "version"], {"split": 1, "rmse": "0.4", "version": "x"})
+    assert [r["split"] for r in read_rows(path)] == ["0", "1"]
