@@ -3,7 +3,7 @@ synthetic problems; resumable, one CSV row per (problem, n, method, replication)
 
     python experiments/selection_rffnet.py --part se --replications 5 [--problems se2 se1 --sizes 50000]
     python experiments/selection_rffnet.py --part rosasco --replications 20
-    python experiments/selection_rffnet.py --report
+    python experiments/selection_rffnet.py --report [--out results/selection_rffnet.md]
 
 Rows go to experiments/results/selection_rffnet.csv (columns problem, n,
 method, replication, rmse, selected, relevance, train_seconds, seed, version;
@@ -205,7 +205,7 @@ def _mean_std(values) -> str:
     return f"{values.mean():.4g} ({std:.2g})"
 
 
-def report() -> None:
+def report(out: str = MD_PATH) -> None:
     rows = read_rows(CSV_PATH)
     by_key: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -283,7 +283,7 @@ def report() -> None:
             fp = np.mean([len(s - {0, 1}) / 4 for s in sel])
             lines.append(f"| {function} | {method} | {pcell} | {_mean_std(mse / var_test)} | {_mean_std(mse)} | "
                          f"{tp:.2f} | {fp:.2f} | {len(group)} |")
-    with open(MD_PATH, "w") as fh:
+    with open(out, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -294,7 +294,8 @@ def main() -> None:
     parser.add_argument("--replications", type=int, default=5)
     parser.add_argument("--problems", nargs="*", help="restrict to these problems (se1 se2 se3 / f1 f2 f3)")
     parser.add_argument("--sizes", nargs="*", type=int, help="restrict to these training sizes")
-    parser.add_argument("--report", action="store_true", help="write results/selection_rffnet.md from the CSV")
+    parser.add_argument("--report", action="store_true", help="write the report (--out) from the CSV, run nothing")
+    parser.add_argument("--out", default=MD_PATH, help="the report's file (default: results/selection_rffnet.md)")
     args = parser.parse_args()
     # a problem or size the part does not run would otherwise run nothing, silently
     known = {"se": sorted({p for p, _ in SE_SCHEDULE}), "rosasco": ["f1", "f2", "f3"]}[args.part]
@@ -308,7 +309,7 @@ def main() -> None:
         parser.error(f"--replications must be at least 1, got {args.replications}")
     torch.set_num_threads(1)
     if args.report:
-        report()
+        report(args.out)
     elif args.part == "se":
         run_se(args.replications, args.problems, set(args.sizes or []))
     else:

@@ -153,3 +153,10 @@ def test_a_row_is_not_appended_under_the_columns_of_another_schema(tmp_path):
     assert len(read_rows(path)) == 1
     append_row(path, ["split", "rmse", "version"], {"split": 1, "rmse": "0.4", "version": "x"})
     assert [r["split"] for r in read_rows(path)] == ["0", "1"]
+
+
+def test_the_rffnet_report_re_renders_the_committed_table_elsewhere(tmp_path):
+    out = tmp_path / "selection_rffnet.md"
+    subprocess.run([sys.executable, str(ROOT / "experiments/selection_rffnet.py"), "--report", "--out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    assert out.read_text() == (ROOT / "experiments/results/selection_rffnet.md").read_text()
