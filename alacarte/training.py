@@ -146,6 +146,14 @@ class _Optimization:
         ``before_iteration()`` is called at the start of every iteration (to save a checkpoint)."""
         model, opt, simplex = self.model, self.opt, self.simplex
         model.train()
+        # σ² ≤ 0 where the optimisation starts is the model's own setting (restarts=0, or a frozen noise under
+        # a constraint that allows it), not an over-long probe, which is taken as a failed step: refuse it by
+        # name rather than stop after 0 iterations with a warning and return the model as it was.
+        noise = model.likelihood.noise.detach()
+        if bool((noise <= 0).any()):
+            raise ValueError(f"the noise variance σ² must be positive, got {noise.min().item():g} where fit starts "
+                             "(a likelihood whose noise constraint allows 0 can hold it: give it a positive lower "
+                             "bound)")
 
         def closure():
             opt.zero_grad()

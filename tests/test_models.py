@@ -348,6 +348,24 @@ def test_a_step_that_underflows_an_unbounded_noise_to_zero_does_not_end_the_fit(
     assert math.isfinite(history.loss[-1]) and 0 < float(model.likelihood.noise) < 1e-5
 
 
+@pytest.mark.parametrize("kind", ["feature", "exact"])
+def test_a_fit_that_starts_at_a_nonpositive_noise_is_refused_not_stopped_with_a_warning(kind):
+    """A failed step is retried or ends the fit with a warning, but σ² ≤ 0 where the fit starts is the
+    model's own setting (restarts=0 under LessThan(0.05): σ² = 0.05 − softplus(0) = −0.64).  Taken as a
+    failed step, fit stopped after 0 iterations with a RuntimeWarning and returned the model with σ² < 0;
+    it must be the ValueError that names σ²."""
+    x = torch.randn(30, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = torch.sin(x).sum(-1)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.LessThan(0.05))
+    if kind == "feature":
+        model = FeatureGP(None, None, FSARDKernel(2, 8, ard_num_dims=2, seed=0), likelihood).double()
+    else:
+        model = ExactRBFGP(None, None, num_dims=2, ard=True, likelihood=likelihood).double()
+    assert float(model.likelihood.noise) < 0
+    with pytest.raises(ValueError, match=r"σ² must be positive, got -0.64\d* where fit starts"):
+        fit(model, x, y, max_iter=5, restarts=0, progress=False)
+
+
 def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
     """One L-BFGS iteration per step(): the first trial step of f(x) = x² from x = 0.1 lands on
     x = −0.1 (no decrease).  Torch's default evaluation budget for max_iter=1 leaves the line
