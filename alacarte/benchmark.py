@@ -206,8 +206,12 @@ _FIT_SETTINGS = ("num_samples", "components", "max_iter", "restarts", "restart_i
 def cell_checkpoint(cfg: dict, dataset: str, split: int, method: str) -> Path:
     """The checkpoint file of one cell.  Its name holds a hash of the run's settings and package
     version: a run at other settings, or of other code, fits its cells from the start rather than
-    being refused another run's checkpoint."""
-    settings = json.dumps({name: cfg[name] for name in _FIT_SETTINGS}, sort_keys=True)
+    being refused another run's checkpoint.  The checkpoint format is part of it: an installed copy's
+    version is the release alone, which a change of format need not change."""
+    from ._checkpoint import FORMAT_VERSION
+
+    settings = json.dumps({**{name: cfg[name] for name in _FIT_SETTINGS}, "checkpoint_format": FORMAT_VERSION},
+                          sort_keys=True)
     tag = hashlib.sha256(settings.encode()).hexdigest()[:12]
     return Path(cfg["checkpoints"]) / f"{dataset}-{split}-{method}-{tag}.ckpt"
 

@@ -791,3 +791,19 @@ def test_a_cells_peak_memory_is_its_own_not_its_runners(tmp_path):
     del ballast
     (row,) = read_rows(path)
     assert runner_peak > 1500 and 0 < float(row["peak_rss_mb"]) < 1000
+
+
+def test_a_cell_checkpoint_of_another_checkpoint_format_is_not_looked_for(monkeypatch):
+    """A cell's checkpoint name tags the run's settings and code version, so that other code fits the
+    cell from the start; but an installed copy's version is the release alone ('0.1.0'), which a new
+    checkpoint format did not change: a cell killed under format 1 left its file at the very path the
+    next run read, and the cell failed at every run ('of format version 1; this alacarte reads format
+    version 2; pass another path, or delete it'), a path no runner's user chooses.  The format is in
+    the tag."""
+    from alacarte import _checkpoint, benchmark
+
+    cfg = {**{name: 0 for name in benchmark._FIT_SETTINGS}, "version": "0.1.0", "checkpoints": "rows.checkpoints"}
+    path = benchmark.cell_checkpoint(cfg, "yacht", 0, "gm")
+    monkeypatch.setattr(_checkpoint, "FORMAT_VERSION", _checkpoint.FORMAT_VERSION - 1)
+    older = benchmark.cell_checkpoint(cfg, "yacht", 0, "gm")
+    assert older != path and benchmark._TAGGED_CHECKPOINT.fullmatch(older.name).group(1) == "yacht-0-gm"
