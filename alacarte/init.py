@@ -92,9 +92,11 @@ def _set(module, name: str, value) -> Tensor:
     raw = getattr(module, f"raw_{name}")
     value = torch.as_tensor(value, dtype=raw.dtype, device=raw.device)
     constraint = getattr(module, f"raw_{name}_constraint")
-    lower, upper = constraint.lower_bound.to(value).clamp(min=0), constraint.upper_bound.to(value)
+    lower, upper = constraint.lower_bound.to(value), constraint.upper_bound.to(value)
     if bool(torch.isfinite(upper).all()):
-        margin = 0.01 * (upper - lower)
+        # 1% of (0, b) under an upper bound alone, but no lift off 0, which bounds nothing there
+        # (LessThan(10) took a noise of 0.01 and lengthscales of ~0.02 all to 0.1)
+        margin = 0.01 * (upper - lower.clamp(min=0))
         value = torch.minimum(torch.maximum(value, lower + margin), upper - margin)
     else:
         value = torch.maximum(value, 2 * lower)

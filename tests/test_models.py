@@ -615,6 +615,28 @@ def test_a_noise_with_no_lower_bound_is_initialised_inside_it():
     assert math.isfinite(history.restart_losses[0]) and m.likelihood.noise.item() > 0
 
 
+def test_an_upper_bound_alone_does_not_lift_small_initial_values():
+    """Under an upper bound alone, 85bc5f4 kept initial values 1% of (0, b) inside it at both ends:
+    LessThan(10) lifted σ² = 0.01 var y to 0.1, and ARD lengthscales of ~0.02 (inputs in units of 100)
+    all to 0.1, erasing their data-driven differences.  0 bounds nothing there: only b is kept off."""
+    from alacarte.init import initialize
+
+    gen = torch.Generator().manual_seed(0)
+    x = 0.01 * torch.randn(40, 3, generator=gen, dtype=torch.float64)
+    y = torch.randn(40, generator=gen, dtype=torch.float64)
+    initial = []
+    for constraint in (gpytorch.constraints.Positive(), gpytorch.constraints.LessThan(10.0)):
+        likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=copy.deepcopy(constraint))
+        kernel = FSARDKernel(3, 8, ard_num_dims=3, seed=0, lengthscale_constraint=copy.deepcopy(constraint))
+        model = FeatureGP(None, None, kernel, likelihood).double()
+        initialize(model, x, y, np.random.default_rng(0), 0, standardized=False)
+        initial.append((model.likelihood.noise.item(), model.covar_module.lengthscale.detach()))
+    (noise, lengthscale), (bounded_noise, bounded_lengthscale) = initial
+    assert noise == pytest.approx(0.01 * y.var().item()) and bool((lengthscale < 0.05).all())
+    assert bounded_noise == pytest.approx(noise, rel=1e-12)
+    torch.testing.assert_close(bounded_lengthscale, lengthscale, rtol=1e-12, atol=0)
+
+
 def test_a_noise_that_is_not_trained_is_left_at_its_bound():
     x, y = toy_data(n=100)
     model = feature_model()
