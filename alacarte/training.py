@@ -154,6 +154,10 @@ class _Optimization:
             raise ValueError(f"the noise variance σ² must be positive, got {noise.min().item():g} where fit starts "
                              "(a likelihood whose noise constraint allows 0 can hold it: give it a positive lower "
                              "bound)")
+        # Likewise a NaN parameter there (not an infinite raw value: σ² set at its bound has raw −∞).
+        nan = [name for name, p in model.named_parameters() if bool(torch.isnan(p).any())]
+        if nan:
+            raise ValueError(f"the model's parameters {nan} are NaN where fit starts; set them to numbers")
 
         def closure():
             opt.zero_grad()

@@ -366,6 +366,17 @@ def test_a_fit_that_starts_at_a_nonpositive_noise_is_refused_not_stopped_with_a_
         fit(model, x, y, max_iter=5, restarts=0, progress=False)
 
 
+def test_a_fit_that_starts_at_nan_parameters_is_refused_not_stopped_with_a_warning():
+    """As for σ² ≤ 0: a NaN lengthscale where fit starts (restarts=0) was taken for a failed step, and fit
+    stopped after 0 iterations with a RuntimeWarning and returned the model with NaN lengthscales."""
+    x = torch.randn(30, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    model = FeatureGP(None, None, FSARDKernel(2, 8, ard_num_dims=2, seed=0)).double()
+    with torch.no_grad():
+        model.covar_module.raw_lengthscale.fill_(math.nan)
+    with pytest.raises(ValueError, match=r"parameters \['covar_module.raw_lengthscale'\] are NaN where fit starts"):
+        fit(model, x, torch.sin(x).sum(-1), max_iter=5, restarts=0, progress=False)
+
+
 def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
     """One L-BFGS iteration per step(): the first trial step of f(x) = x² from x = 0.1 lands on
     x = −0.1 (no decrease).  Torch's default evaluation budget for max_iter=1 leaves the line
