@@ -64,7 +64,7 @@ def column_standardization(X: np.ndarray, name: str = "X") -> tuple[np.ndarray, 
 
 def robust_std(t: Tensor, dim: int | None = None, correction: int = 1) -> Tensor:
     """``t.std(dim, correction=...)``, also where squaring the deviations would overflow
-    (|x| > 1e154) or underflow (|x| < 1e-154): there it is computed on the deviations
+    (``|x| > 1e154``) or underflow (``|x| < 1e-154``): there it is computed on the deviations
     divided by their largest magnitude.  Elsewhere it is ``t.std`` bit for bit, so that
     ordinary fits are exactly what they were."""
     dims = tuple(range(t.dim())) if dim is None else (dim,)

@@ -7,7 +7,7 @@ target has mean 0 and variance 1:
   training points — per dimension for ARD, times sqrt(d) as in the paper.  The
   two do not agree: on isotropic Gaussian data the ARD median is 0.67× the
   isotropic one for large d (0.70 at d = 10, 0.81 at d = 2), since the median
-  of |N(0, 2)| is 0.95 while a full distance grows like sqrt(2d);
+  of ``|N(0, 2)|`` is 0.95 while a full distance grows like sqrt(2d);
 * signal variance the target's variance (1 once standardised), noise variance
   0.01 of it (noise std a tenth of the target's);
 * GM: per component, scales 1/ℓ from its own random quantile and means close
@@ -42,7 +42,7 @@ _QUANTILE_RANGE = (0.1, 0.9)
 
 
 def pair_distances(x: Tensor, rng: np.random.Generator, num_pairs: int = _NUM_PAIRS) -> Tensor:
-    """|x_i − x_k| per dimension for random pairs i ≠ k, shape (num_pairs, d)."""
+    """``|x_i − x_k|`` per dimension for random pairs i ≠ k, shape (num_pairs, d)."""
     n = x.shape[0]
     if n < 2:
         return torch.ones(1, x.shape[1], dtype=x.dtype, device=x.device)

@@ -472,8 +472,8 @@ def fit(
         restarts: number of random initialisations to try (0: none).
         restart_iter: iterations per restart.
         lr: step size (default 1.0 for L-BFGS, 0.05 for Adam).
-        tolerance: stop when the loss changes by at most ``tolerance`` × max(1, |loss|)
-            for three iterations in a row (relative to the loss, absolute where |loss| < 1:
+        tolerance: stop when the loss changes by at most ``tolerance × max(1, |loss|)``
+            for three iterations in a row (relative to the loss, absolute where ``|loss| < 1``:
             the loss per point is often near 0).
         standardize: standardise inputs and targets (recommended).
         seed: seeds the restarts, for bit-for-bit reproducible fits (torch's global generator is

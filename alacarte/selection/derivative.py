@@ -23,7 +23,7 @@ projection algorithm (Algorithm 1, eq. 14–17): a forward–backward iteration
 whose backward step, the projection onto the subdifferential of R at 0, is
 itself computed by the inner iteration (17).  With ⟨u, v⟩ₙ = (1/n) Σ uᵢvᵢ,
 the sampling operator S, the empirical gradient ∇̂ and f = S*α + ∇̂*β
-(α ∈ ℝⁿ, β ∈ ℝⁿᵈ):
+(α ∈ ℝⁿ, β ∈ ℝⁿᵈ)::
 
     K = S S*        Kᵢₛ = k(xᵢ, xₛ)/n
     Zⱼ = S D̂ⱼ*      (Zⱼ)ᵢₛ = 2γ (xᵢʲ − xₛʲ) k(xᵢ, xₛ)/n          (D̂ⱼ S* = Zⱼᵀ)

@@ -17,7 +17,7 @@ Adam step on (β, b₀) with λ fixed, then one Adam step on λ at the new β
 (the paper's Algorithm 1).  A fraction of the data is held out; training stops
 when the validation loss has not improved for ``patience`` epochs, and the
 parameters of the best epoch are restored (a copy, not a view of the live
-weights).  Relevances are |λ| scaled to [0, 1].
+weights).  Relevances are ``|λ|`` scaled to [0, 1].
 
 Departures from the public implementation, each for a reason:
 
