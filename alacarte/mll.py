@@ -5,6 +5,7 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.mlls import ExactMarginalLogLikelihood
+from gpytorch.models import ExactGP
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import Tensor
 
@@ -18,7 +19,7 @@ from .woodbury import (
 __all__ = ["WoodburyMarginalLogLikelihood", "homoskedastic_noise"]
 
 
-def homoskedastic_noise(likelihood) -> Tensor:
+def homoskedastic_noise(likelihood: GaussianLikelihood) -> Tensor:
     """σ² of a plain ``GaussianLikelihood``, shape (*batch,)."""
     if type(likelihood) is not GaussianLikelihood:
         raise ValueError(
@@ -68,7 +69,7 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
         True
     """
 
-    def __init__(self, likelihood: GaussianLikelihood, model):
+    def __init__(self, likelihood: GaussianLikelihood, model: ExactGP):
         homoskedastic_noise(likelihood)
         super().__init__(likelihood, model)
 

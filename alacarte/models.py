@@ -311,7 +311,9 @@ class FeatureGP(_StandardizedGP):
                                                               fn(posterior.noise)))
         return module
 
-    def set_train_data(self, inputs=None, targets=None, strict=True):
+    def set_train_data(self, inputs: Tensor | tuple[Tensor, ...] | None = None, targets: Tensor | None = None,
+                       strict: bool = True) -> None:
+        """As :meth:`gpytorch.models.ExactGP.set_train_data`; also drops the cached posterior."""
         self._posterior = None
         return super().set_train_data(inputs, targets, strict)
 
@@ -525,7 +527,8 @@ class ExactRBFGP(_StandardizedGP):
         True
     """
 
-    def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False, likelihood=None):
+    def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False,
+                 likelihood: GaussianLikelihood | None = None):
         super().__init__(train_x, train_y, likelihood, num_dims)
         self.covar_module = ScaleKernel(_RBFKernel(ard_num_dims=num_dims if ard else None))
         self._strategy_parameters: list[Tensor] | None = None  # what prediction_strategy was computed from

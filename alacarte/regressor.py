@@ -132,7 +132,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         restarts: int = 5,
         restart_iter: int = 15,
         optimizer: str = "lbfgs",
-        random_state=0,
+        random_state: int | np.random.RandomState | None = 0,
         progress: bool = False,
     ):
         self.kernel = kernel
@@ -185,7 +185,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=np.float64)
         return as_tensor(X, "X", torch.float64)
 
-    def predict(self, X, return_std: bool = False, return_cov: bool = False, *, include_noise: bool = True):
+    def predict(self, X, return_std: bool = False, return_cov: bool = False, *,
+                include_noise: bool = True) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Predictive mean at X, optionally with its standard deviation or covariance.
 
         Args:
@@ -227,7 +228,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             cov = cov + noise * torch.eye(cov.shape[-1], dtype=cov.dtype)
         return mean.numpy(), cov.numpy()
 
-    def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
+    def sample_y(self, X, n_samples: int = 1, random_state: int | np.random.RandomState | None = 0) -> np.ndarray:
         """Posterior draws of the latent function f at X, shape (m, n_samples).
 
         Feature models draw exact weight-space functions

@@ -15,7 +15,7 @@ from .fastfood import FastfoodMixtureKernel
 __all__ = ["PiecewiseLinearRadialKernel", "standard_hat_quantiles", "hat_quantiles"]
 
 
-def standard_hat_quantiles(num: int, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
+def standard_hat_quantiles(num: int, dtype: torch.dtype = torch.float64, device: torch.device | None = None) -> Tensor:
     """Quantiles z_i = F⁻¹((i − ½)/num) of the hat density on [−1, 1] with mode 0.
 
     The hat's CDF is piecewise quadratic, so F⁻¹(u) = √(2u) − 1 for u ≤ ½ and

@@ -165,7 +165,7 @@ class _RFFNetBase(BaseEstimator):
         patience: int = 10,
         validation_fraction: float = 0.1,
         selection_threshold: float = 0.1,
-        random_state=None,
+        random_state: int | np.random.RandomState | None = None,
     ):
         self.n_random_features = n_random_features
         self.alpha = alpha

@@ -220,7 +220,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         fista_iter: int = 20,
         tol: float = 1e-4,
         path_patience: int | None = 5,
-        random_state=None,
+        random_state: int | np.random.RandomState | None = None,
     ):
         self.n_components = n_components
         self.alpha = alpha
@@ -255,7 +255,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
 
     # -- fitting ------------------------------------------------------------------------
     @unfitted_on_failure
-    def fit(self, X, y):
+    def fit(self, X, y) -> SRFFRegressor:
         """Fit the model (and choose λ on a validation split when ``alpha`` is None)."""
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)

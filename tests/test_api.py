@@ -1,0 +1,45 @@
+"""The public surface: what ``alacarte`` exports, each module's ``__all__``, annotated signatures."""
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import alacarte
+
+MODULES = [name for _, name, _ in pkgutil.walk_packages(alacarte.__path__, "alacarte.")
+           if not any(part.startswith("_") for part in name.split("."))]
+
+# Data arguments take tensors, arrays, memory-mapped arrays or iterables of chunks: no one type says it.
+DATA = {"x", "X", "y", "train_x", "train_y"}
+
+
+def _callables(cls):
+    yield cls.__name__, cls
+    for name, value in vars(cls).items():
+        function = getattr(value, "__func__", value)
+        if not name.startswith("_") and inspect.isfunction(function):
+            yield f"{cls.__name__}.{name}", function
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_all_lists_only_names_the_module_has(module):
+    module = importlib.import_module(module)
+    missing = [name for name in getattr(module, "__all__", ()) if not hasattr(module, name)]
+    assert not missing
+
+
+def test_public_classes_annotate_their_arguments():
+    """Every argument of the exported classes' constructors and public methods has a type hint
+    (random_state, ExactRBFGP's likelihood and WoodburyMarginalLogLikelihood's model had none)."""
+    unannotated = []
+    for name in alacarte.__all__:
+        obj = getattr(alacarte, name)
+        if not inspect.isclass(obj):
+            continue
+        for qualname, function in _callables(obj):
+            parameters = inspect.signature(function).parameters.values()
+            unannotated += [f"{qualname}({p.name})" for p in parameters
+                            if p.annotation is inspect.Parameter.empty and p.name not in DATA | {"self"}
+                            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    assert not unannotated
