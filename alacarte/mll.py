@@ -52,6 +52,11 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
     factor is the smaller one, O(n²D + n³) instead of O(nD² + D³).  For n ≥ D
     no n×n matrix is formed.
 
+    Args:
+        likelihood: the model's homoskedastic ``GaussianLikelihood`` (other likelihoods are refused).
+        model: a :class:`~alacarte.FeatureGP` (a model whose prior covariance is a feature
+            kernel's low-rank root ΦΦᵀ).
+
     Example:
         >>> import torch
         >>> from gpytorch.mlls import ExactMarginalLogLikelihood

@@ -511,6 +511,12 @@ class ExactRBFGP(_StandardizedGP):
 
     ``k(x, x') = σ_f² exp(−½‖(x − x')/ℓ‖²)``; O(n³) — for n up to a few thousand.
 
+    Args:
+        train_x, train_y: training data (or ``None``; :func:`alacarte.fit` sets it).
+        num_dims: input dimension ``d``.
+        ard: one lengthscale per input (``True``) or one for all (``False``).
+        likelihood: a ``GaussianLikelihood`` (default: a new one).
+
     Example:
         >>> import torch
         >>> from alacarte import ExactRBFGP, fit

@@ -68,6 +68,11 @@ class FastfoodRBFKernel(FeatureKernel):
         strategy: ``"fwht"`` (two transforms per block), ``"dense"`` (materialise
             the M×d frequency matrix, one GEMM) or ``"auto"`` (chosen by ``d``:
             :func:`~alacarte.features.fastfood.choose_strategy`); all give the same features to round-off.
+        radius_prior, radius_constraint: for the learned radii of :class:`FSARDKernel` and
+            :class:`FSGBARDKernel` (default constraint: positive); this kernel's radii are fixed,
+            and it refuses them.
+        **kwargs: as for :class:`~alacarte.FeatureKernel` (``ard_num_dims``, ``batch_shape``,
+            ``outputscale_prior``, ``simplex`` …).
 
     Example:
         >>> import torch

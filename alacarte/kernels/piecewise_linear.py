@@ -57,6 +57,10 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
         num_components: number of hats ``C``.
         seed: seed of the Fastfood directions.
         strategy: ``"auto"``, ``"dense"`` or ``"fwht"`` (see :class:`FastfoodRBFKernel`).
+        modes_prior, modes_constraint: for the modes :math:`a_c` (default constraint: positive).
+        weights_prior, weights_constraint: for the weights :math:`\pi_c`.
+        **kwargs: as for :class:`~alacarte.FeatureKernel` (``ard_num_dims``, ``batch_shape``,
+            ``simplex`` …); there is no outputscale: the weights carry σ_f².
 
     Initial state: modes spread over ``[0.5, 1.5]·sqrt(p)`` (an RBF kernel's χ_p
     radii concentrate near ``sqrt(p)``), ``β = 0.5``, ``π_c = 1/C``.

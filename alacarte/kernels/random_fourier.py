@@ -24,6 +24,13 @@ class RandomFourierKernel(FeatureKernel):
     The M×d matrix ``ε`` is drawn once from ``seed`` (buffer ``weights``); the
     projection costs O(n M d).  The reference Fastfood is compared against.
 
+    Args:
+        num_dims: input dimension ``d``.
+        num_samples: number of frequencies ``M`` (``D = 2M`` features).
+        seed: seed of ``ε``; ``None`` draws one from torch's RNG.
+        **kwargs: as for :class:`~alacarte.FeatureKernel` (``ard_num_dims``, ``batch_shape``,
+            ``outputscale_prior``, ``simplex`` …).
+
     Example:
         >>> import torch
         >>> from alacarte import RandomFourierKernel
@@ -55,6 +62,14 @@ class SSGPRKernel(FeatureKernel):
     with :math:`\varepsilon \sim N(0, I)`, i.e. at an RBF/ARD kernel of
     lengthscale ``lengthscale`` (a float or d values).  There is no separate
     lengthscale parameter: it would be redundant with the frequencies.
+
+    Args:
+        num_dims: input dimension ``d``.
+        num_samples: number of frequencies ``M`` (``D = 2M`` features).
+        lengthscale: the initial ``ℓ_0``, a float or ``d`` values.
+        seed: seed of the initial ``ε``; ``None`` draws one from torch's RNG.
+        **kwargs: as for :class:`~alacarte.FeatureKernel` (``batch_shape``, ``outputscale_prior``
+            …); there is no lengthscale, so no ``simplex`` either.
 
     Example:
         >>> from alacarte import SSGPRKernel

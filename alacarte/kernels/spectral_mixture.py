@@ -55,6 +55,8 @@ class SpectralMixtureFastfoodKernel(FastfoodMixtureKernel):
         seed: seed of the Fastfood state and of the initial means.
         strategy: ``"auto"``, ``"dense"`` or ``"fwht"`` (see :class:`FastfoodRBFKernel`).
         weights_prior, weights_constraint, scales_prior, scales_constraint: for w and σ.
+        **kwargs: as for :class:`~alacarte.FeatureKernel` (``batch_shape`` …); there is no
+            lengthscale (so no ``simplex``) and no outputscale: the weights carry σ_f².
 
     Initial state: ``w_q = 1/Q``, ``σ_q = 1``, ``μ_q ~ N(0, 0.1²)`` (small, so
     that components can separate; see :mod:`alacarte.init` for data-driven values).
