@@ -42,6 +42,8 @@ from .kernels import FeatureKernel, FSARDKernel
 from .models import ExactRBFGP, FeatureGP
 from .training import fit
 
+__all__ = ["main", "build_parser", "read_table", "COMMANDS"]
+
 # Rows per block when predicting a CSV file (one progress-bar step each).
 _PREDICT_BLOCK = 20_000
 

@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+__all__ = ["differentiable_backward"]
+
 
 def differentiable_backward(
     composition: Callable[..., Tensor | tuple[Tensor, ...]],
