@@ -20,7 +20,7 @@ __all__ = ["WoodburyMarginalLogLikelihood", "homoskedastic_noise"]
 
 
 def homoskedastic_noise(likelihood: GaussianLikelihood) -> Tensor:
-    """σ² of a plain ``GaussianLikelihood``, shape (*batch,)."""
+    """σ² of a plain ``GaussianLikelihood``, shape ``(*batch,)``."""
     if type(likelihood) is not GaussianLikelihood:
         raise ValueError(
             f"the Woodbury path needs a homoskedastic gpytorch.likelihoods.GaussianLikelihood, "

@@ -260,7 +260,7 @@ class FeatureGP(_StandardizedGP):
 
     Args:
         train_x, train_y: training data (or ``None``; :func:`alacarte.fit` sets it).
-        kernel: an alacarte :class:`~alacarte.kernels.FeatureKernel`.
+        kernel: an alacarte :class:`~alacarte.FeatureKernel`.
         likelihood: a ``GaussianLikelihood`` (default: a new one).
 
     Example:

@@ -94,7 +94,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             targets in their original units (summed over the n points; log priors included).
         n_features_in_: number of input dimensions.
         relevance_: relevance of each input, non-negative and summing to one
-            (in standardised input units; see :func:`kernel_relevance`).
+            (in standardised input units; see :func:`~alacarte.regressor.kernel_relevance`).
 
     **Predictive spread.** ``predict(X, return_std=True)`` returns the standard
     deviation of a new *observation* :math:`y_* = f_* + \varepsilon` by default —

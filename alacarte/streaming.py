@@ -128,7 +128,7 @@ class ChunkedData:
         x, y: the data, as above.
         chunk_size: rows per chunk; default from ``memory_budget``.
         memory_budget: bytes one evaluation may use for features (default 256 MiB;
-            see :func:`rows_per_chunk`).  Give at most one of the two.
+            see :func:`~alacarte.streaming.rows_per_chunk`).  Give at most one of the two.
         statistics_dtype: dtype in which ΦᵀΦ, Φᵀr, rᵀr and the loss are
             accumulated (default: the model's).
         group: a ``torch.distributed`` process group over whose processes the

@@ -36,14 +36,14 @@ __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
 
 @dataclass
 class FitHistory:
-    """What :func:`fit` did.
+    """What :func:`~alacarte.fit` did.
 
     ``loss`` is the negative log marginal likelihood per data point
     (standardised units, log priors included) at the start of every iteration
     of the final optimisation (and of the refit below, when it was kept);
     ``restart_losses`` the loss each restart reached, and ``chosen_restart``
     the one training continued from.  ``noise_refit_loss`` is the loss of the
-    refit from a larger noise that :func:`fit` runs when the final optimisation
+    refit from a larger noise that :func:`~alacarte.fit` runs when the final optimisation
     ends with σ² at its lower bound — kept when it is lower than the loss
     there — and ``None`` when it did not end there.
     """
@@ -490,7 +490,7 @@ def fit(
             resumes (see above); ``None``: none.
 
     Returns:
-        The :class:`FitHistory`; the model is left in eval mode.
+        The :class:`~alacarte.training.FitHistory`; the model is left in eval mode.
 
     Raises:
         ValueError: bad data (non-finite, wrong shape, fewer than 2 rows, a

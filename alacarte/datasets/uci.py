@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["UCISplit", "load_uci", "list_uci", "UCI_NUM_SPLITS"]
+__all__ = ["UCISplit", "load_uci", "list_uci", "cache_dir", "UCI_NUM_SPLITS"]
 
 UCI_NUM_SPLITS = 10
 ENV_VAR = "ALACARTE_DATA"
@@ -178,7 +178,7 @@ def load_uci(name: str, split: int, data_dir: str | os.PathLike | None = None) -
         name: a folder name (``"kin40k"``) or the paper's name (``"Pole Tele"``).
         split: 0 … 9, the paper's standard splits.
         data_dir: the data folder; default ``$ALACARTE_DATA``, else the user cache
-            (:func:`cache_dir`), downloading and checksumming missing files.
+            (:func:`~alacarte.datasets.uci.cache_dir`), downloading and checksumming missing files.
 
     Example:
         >>> from alacarte import load_uci

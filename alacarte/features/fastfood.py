@@ -77,7 +77,7 @@ def draw_fastfood_state(
 
 
 def row_scale(gauss: Tensor, radius: Tensor) -> Tensor:
-    """Diagonal of ``S`` for all blocks: ``s_i / (sqrt(p) ‖g_k‖)``, shape (*batch, M).
+    """Diagonal of ``S`` for all blocks: ``s_i / (sqrt(p) ‖g_k‖)``, shape ``(*batch, M)``.
 
     Every row of ``H G_k Π_k H B_k`` has norm ``sqrt(p) ‖g_k‖`` (for ±1 signs), so
     row i of ``V`` then has length ``s_i``.
@@ -262,7 +262,7 @@ def _project_fwht(x: Tensor, sign: Tensor, perm: Tensor, gauss: Tensor, radius: 
 
 
 def fastfood_matrix(sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor, num_dims: int) -> Tensor:
-    """The effective frequency matrix ``V`` (first ``d`` columns), shape (*batch, M, d).
+    """The effective frequency matrix ``V`` (first ``d`` columns), shape ``(*batch, M, d)``.
 
     Differentiable in ``sign``, ``gauss`` and ``radius``.  Computed as the
     projection of the ``d×d`` identity, O(d M log p).
@@ -271,7 +271,7 @@ def fastfood_matrix(sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor, n
 
 
 def _fastfood_matrix_t(sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor, num_dims: int) -> Tensor:
-    """``Vᵀ`` (*batch, d, M), contiguous."""
+    """``Vᵀ``, ``(*batch, d, M)``, contiguous."""
     eye = torch.eye(num_dims, dtype=sign.dtype, device=sign.device)
     return _project_fwht(eye, sign, perm, gauss, radius)
 
@@ -301,8 +301,8 @@ def fastfood_project(
 
     Args:
         x: inputs (..., n, d), already divided by the lengthscales.
-        sign, perm, gauss: block state (*batch, K, p).
-        radius: row lengths ``s`` (*batch, M).
+        sign, perm, gauss: block state ``(*batch, K, p)``.
+        radius: row lengths ``s``, ``(*batch, M)``.
         strategy: ``"fwht"``, ``"dense"`` or ``"auto"`` (:func:`choose_strategy`).
 
     Returns:

@@ -50,7 +50,7 @@ class FeatureKernel(Kernel):
     nothing but :math:`\Phi`.  Do not wrap these kernels in a ``ScaleKernel``.
 
     Subclasses implement :meth:`projection` (the n×M matrix :math:`X\Omega^\top`),
-    applying lengthscales through :meth:`scale_inputs`, and may override
+    applying lengthscales through :meth:`~alacarte.FeatureKernel.scale_inputs`, and may override
     :meth:`feature_scale` and :meth:`prior_variance`.
 
     **Simplex ARD** (``simplex=True``, kernels with lengthscales; SRFF,
@@ -204,7 +204,7 @@ class FeatureKernel(Kernel):
             self.simplex_size = total
 
     def inverse_lengthscale(self) -> Tensor:
-        """γ = 1/ℓ, shape (*batch, 1, d) (or (*batch, 1, 1) isotropic); c·π for simplex kernels."""
+        """γ = 1/ℓ, shape ``(*batch, 1, d)`` (or ``(*batch, 1, 1)`` isotropic); c·π for simplex kernels."""
         if self.simplex:
             return self.simplex_size * self.simplex_weights
         return 1.0 / self.lengthscale

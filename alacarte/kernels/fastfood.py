@@ -32,7 +32,7 @@ def register_fastfood_state(
 ) -> Tensor:
     """Draw Fastfood state from ``seed`` and register it on ``module``: ``perm``
     (buffer), ``sign`` and ``gauss`` (buffers, or parameters if ``learn_blocks``).
-    Returns the χ_p radii, shape (*batch_shape, num_samples), for the caller to
+    Returns the χ_p radii, shape ``(*batch_shape, num_samples)``, for the caller to
     register as a buffer or a parameter."""
     state = draw_fastfood_state(num_dims, num_samples, batch_shape, seed)
     dtype = torch.get_default_dtype()

@@ -33,7 +33,7 @@ import threading
 import torch
 from torch import Tensor
 
-__all__ = ["fwht", "hadamard_matrix"]
+__all__ = ["fwht", "hadamard_matrix", "plan_for"]
 
 #: Row chunks hold about this many bytes, so that the passes stay in L2.
 CHUNK_BYTES = 1 << 20
