@@ -287,3 +287,26 @@ def test_python_dash_m_runs_the_command_line():
     proc = subprocess.run([sys.executable, "-m", "alacarte", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: alacarte")
+
+
+def test_every_option_is_documented_in_docs_command_line():
+    """docs/command_line.md named neither the demo command nor its --n / --n-test, nor bench's
+    --data, --time-budget, --limit, --paper and --command."""
+    import argparse
+
+    from alacarte.cli import build_parser
+
+    def options(parser):  # each option as its spellings, e.g. ("-q", "--quiet")
+        for action in parser._actions:
+            if action.option_strings and "--help" not in action.option_strings:
+                yield tuple(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from options(sub)
+
+    with open(os.path.join(ROOT, "docs", "command_line.md")) as f:
+        text = f.read()
+    assert "alacarte demo" in text
+    undocumented = {spellings for spellings in options(build_parser())
+                    if not any(f"`{o}`" in text or f"{o} " in text for o in spellings)}
+    assert not sorted(undocumented)
