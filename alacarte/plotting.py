@@ -15,11 +15,14 @@ when a picture is drawn.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from scipy import stats
+from torch import Tensor
 
 from .features.fastfood import padded_dim
 from .kernels import (
@@ -28,6 +31,9 @@ from .kernels import (
     PiecewiseLinearRadialKernel,
     SpectralMixtureFastfoodKernel,
 )
+
+if TYPE_CHECKING:  # matplotlib is optional (the plot extra): imported only to draw
+    from matplotlib.axes import Axes
 
 __all__ = ["relevance", "plot_spectrum", "plot_relevance", "save_kernel_figure"]
 
@@ -63,7 +69,8 @@ def _check_names(kernel: FeatureKernel, names: list[str] | None) -> None:
         raise ValueError(f"names has {len(names)} entries but the kernel has {kernel.num_dims} inputs")
 
 
-def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None, input_scale=None):
+def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None, names: list[str] | None = None,
+                  input_scale: Tensor | np.ndarray | None = None) -> Axes | np.ndarray:
     """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM, titled ``names``).
 
     ``input_scale``: the units of the data per unit of the kernel's input — a model's
@@ -120,7 +127,7 @@ def plot_spectrum(kernel: FeatureKernel, ax=None, names: list[str] | None = None
     return ax
 
 
-def plot_relevance(kernel: FeatureKernel, ax=None, names: list[str] | None = None):
+def plot_relevance(kernel: FeatureKernel, ax: Axes | None = None, names: list[str] | None = None) -> Axes:
     """Bar plot of :func:`relevance`; returns the axes."""
     _check_names(kernel, names)
     plt = _pyplot()
@@ -136,7 +143,7 @@ def plot_relevance(kernel: FeatureKernel, ax=None, names: list[str] | None = Non
 
 
 def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | None = None,
-                       names: list[str] | None = None, input_scale=None) -> Path:
+                       names: list[str] | None = None, input_scale: Tensor | np.ndarray | None = None) -> Path:
     """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``;
     ``input_scale`` as for :func:`plot_spectrum`."""
     plt = _pyplot()

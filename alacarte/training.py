@@ -61,7 +61,7 @@ class FitHistory:
         return len(self.loss)
 
 
-def marginal_log_likelihood(model):
+def marginal_log_likelihood(model: FeatureGP | ExactRBFGP) -> gpytorch.mlls.ExactMarginalLogLikelihood:
     """The right marginal likelihood for ``model``: Woodbury for feature GPs, exact otherwise."""
     if isinstance(model, FeatureGP):
         return WoodburyMarginalLogLikelihood(model.likelihood, model)

@@ -35,16 +35,24 @@ def test_all_lists_only_names_the_module_has(module):
 
 
 def test_public_classes_annotate_their_arguments():
-    """Every argument of the exported classes' constructors and public methods has a type hint
-    (random_state, ExactRBFGP's likelihood and WoodburyMarginalLogLikelihood's model had none)."""
+    """Every argument of the exported classes' constructors and public methods, and of the plotting
+    and training functions, has a type hint, and every such method or function a return hint
+    (random_state, ExactRBFGP's likelihood, WoodburyMarginalLogLikelihood's model, plot_spectrum's
+    ax and input_scale had none; nor had FeatureKernel.forward or plot_relevance a return hint)."""
+    import alacarte.plotting
+    import alacarte.training
+
+    callables = [item for name in alacarte.__all__ if inspect.isclass(getattr(alacarte, name))
+                 for item in _callables(getattr(alacarte, name))]
+    for module in (alacarte.plotting, alacarte.training):
+        callables += [(name, getattr(module, name)) for name in module.__all__
+                      if inspect.isfunction(getattr(module, name))]
     unannotated = []
-    for name in alacarte.__all__:
-        obj = getattr(alacarte, name)
-        if not inspect.isclass(obj):
-            continue
-        for qualname, function in _callables(obj):
-            parameters = inspect.signature(function).parameters.values()
-            unannotated += [f"{qualname}({p.name})" for p in parameters
-                            if p.annotation is inspect.Parameter.empty and p.name not in DATA | {"self"}
-                            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    for qualname, function in callables:
+        signature = inspect.signature(function)
+        unannotated += [f"{qualname}({p.name})" for p in signature.parameters.values()
+                        if p.annotation is inspect.Parameter.empty and p.name not in DATA | {"self"}
+                        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if inspect.isfunction(function) and signature.return_annotation is inspect.Signature.empty:
+            unannotated.append(f"{qualname} -> ?")
     assert not unannotated

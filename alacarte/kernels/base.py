@@ -294,7 +294,8 @@ class FeatureKernel(Kernel):
             raise ValueError(f"inputs of batch shape {tuple(x.shape[:-2])} do not broadcast with the kernel's "
                              f"batch_shape {tuple(self.batch_shape)}") from None
 
-    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False, **params):
+    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False,
+                **params) -> Tensor | LowRankRootLinearOperator | MatmulLinearOperator:
         if last_dim_is_batch:
             raise ValueError(f"{type(self).__name__} does not support last_dim_is_batch (deprecated in GPyTorch)")
         # Equal values count as the same input only when no gradient flows to them: the shortcut
