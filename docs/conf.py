@@ -36,3 +36,16 @@ napoleon_use_ivar = True
 
 html_theme = "alabaster"
 html_static_path = []
+
+
+def _public_bases(app, name, obj, options, bases):
+    """Show a private base class (``_StandardizedGP``, ``_RFFNetBase``) as its first public ancestor:
+    the private one has no page, so "Bases:" would name a class the reader cannot look up."""
+    for i, base in enumerate(bases):
+        while isinstance(base, type) and base.__name__.startswith("_") and base.__bases__:
+            base = base.__bases__[0]
+        bases[i] = base
+
+
+def setup(app):
+    app.connect("autodoc-process-bases", _public_bases)

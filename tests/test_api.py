@@ -56,3 +56,23 @@ def test_public_classes_annotate_their_arguments():
         if inspect.isfunction(function) and signature.return_annotation is inspect.Signature.empty:
             unannotated.append(f"{qualname} -> ?")
     assert not unannotated
+
+
+@pytest.mark.slow
+def test_docs_build_with_warnings_as_errors_and_no_private_bases(tmp_path):
+    """``sphinx -W`` builds the docs (fit's ``|loss|`` once stopped it), and no "Bases:" line names
+    a private class (ExactRBFGP, FeatureGP and the RFFNet estimators showed _StandardizedGP and
+    _RFFNetBase, classes without a page)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("sphinx")
+    pytest.importorskip("myst_parser")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", str(root / "docs"),
+                           str(tmp_path)], capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr
+    bases = re.findall(r"Bases: (.*?)</p>", (tmp_path / "api.html").read_text(), re.S)
+    assert bases and not [b for b in bases if re.search(r">_[A-Za-z]", b)]
