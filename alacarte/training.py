@@ -446,8 +446,9 @@ def fit(
     gradient are streamed over chunks of rows (:mod:`alacarte.streaming`):
     memory O(chunk·D + D²) whatever n, and neither the rows nor their features
     are held.  Column means and standard deviations are streamed too; restarts
-    initialise from the first 10 000 rows; the posterior for prediction is
-    streamed at the end.  For several processes see :mod:`alacarte.distributed`.
+    take their lengthscales from pair distances among the first 10 000 rows and
+    the mean, noise and signal variance from all the targets' streamed moments;
+    the posterior for prediction is streamed at the end.  For several processes see :mod:`alacarte.distributed`.
 
     **Resuming a killed fit.**  With ``checkpoint=path`` the fit's progress —
     the model, the optimiser's memory, the restarts' random generator and the stage
