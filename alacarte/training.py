@@ -29,7 +29,7 @@ from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .selection.simplex import SimplexStep
 from .streaming import ChunkedData, as_chunked_data, is_streamed_input, streamed_negative_mll
-from .woodbury import NotPositiveDefiniteError, collect_jitter
+from .woodbury import NotPositiveDefiniteError, collect_jitter, refuse_nonpositive_noise
 
 __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
 
@@ -149,11 +149,7 @@ class _Optimization:
         # σ² ≤ 0 where the optimisation starts is the model's own setting (restarts=0, or a frozen noise under
         # a constraint that allows it), not an over-long probe, which is taken as a failed step: refuse it by
         # name rather than stop after 0 iterations with a warning and return the model as it was.
-        noise = model.likelihood.noise.detach()
-        if bool((noise <= 0).any()):
-            raise ValueError(f"the noise variance σ² must be positive, got {noise.min().item():g} where fit starts "
-                             "(a likelihood whose noise constraint allows 0 can hold it: give it a positive lower "
-                             "bound)")
+        refuse_nonpositive_noise(model.likelihood.noise, where=" where fit starts")
         # Likewise a NaN parameter there (not an infinite raw value: σ² set at its bound has raw −∞).
         nan = [name for name, p in model.named_parameters() if bool(torch.isnan(p).any())]
         if nan:

@@ -237,6 +237,13 @@ def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
     )
 
 
+def refuse_nonpositive_noise(noise: Tensor, error: type[ValueError] = ValueError, where: str = "") -> None:
+    """Raise ``error`` if any σ² in ``noise`` is ≤ 0 (``where``: what the message adds after the value)."""
+    if bool((noise <= 0).any()):
+        raise error(f"the noise variance σ² must be positive, got {noise.detach().min().item():g}{where} (a "
+                    "likelihood whose noise constraint allows 0 can reach it: give it a positive lower bound)")
+
+
 def _shifted(gram: Tensor, noise: Tensor) -> Tensor:
     """A = ΦᵀΦ + σ²I (or ΦΦᵀ + σ²I), for a noise variance σ² > 0.
 
@@ -245,10 +252,7 @@ def _shifted(gram: Tensor, noise: Tensor) -> Tensor:
     a negative σ² a finite loss wherever ΦΦᵀ + σ²I stays positive definite."""
     # The error training takes for a failed step (as for a NaN σ²): a line-search probe can underflow a
     # softplus noise with no lower bound to exactly 0, and that must not end the fit.
-    if bool((noise <= 0).any()):
-        raise NotPositiveDefiniteError(
-            f"the noise variance σ² must be positive, got {noise.detach().min().item():g} (a likelihood whose "
-            "noise constraint allows 0 can reach it: give it a positive lower bound)")
+    refuse_nonpositive_noise(noise, NotPositiveDefiniteError)
     return gram + noise[..., None, None] * torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
 
 
