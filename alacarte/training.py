@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import numbers
 import os
@@ -242,15 +243,6 @@ class _Training:
         self.history = FitHistory(optimizer=optimizer)
         self.rng = np.random.default_rng(seed)
         self.initial = copy.deepcopy(model.state_dict()) if restarts else None
-        # Streamed, the initial data are the first rows, whose targets need not be typical (sorted by y,
-        # their mean was −0.57 in standardised units): the mean and noise start from all the targets'
-        # moments — 0 and 1 once standardised (the standardisation took them from all rows).
-        self.target_moments = None
-        if restarts and data is not None and standardize:
-            self.target_moments = (0.0, 1.0)
-        elif restarts and data is not None:
-            target_mean, target_std = data.moments(model)[2:]
-            self.target_moments = (float(target_mean), float(target_std) ** 2)
         self.best_state = None
         self.at_bound = None  # (loss, state) where the final optimisation ended, before the noise refit
         self.stage = ("restart", 0)
@@ -289,6 +281,22 @@ class _Training:
         self.earlier_seconds = saved["seconds"]
         if saved["model"] is not None:
             self.model.load_state_dict(saved["model"])
+
+    @functools.cached_property
+    def streamed_target_moments(self) -> tuple[float, float] | None:
+        """Mean and variance of all the targets of streamed data (``None`` in memory), read once.
+
+        Streamed, restarts see only the first rows, whose targets need not be typical (sorted by y,
+        their mean was −0.57 in standardised units), and the noise refit sees none: both start from
+        all the targets' moments — 0 and 1 once standardised (the standardisation took them from all
+        rows), else streamed (summed over every process of a distributed fit; each calls this at the
+        same stage)."""
+        if self.data is None:
+            return None
+        if self.standardize:
+            return 0.0, 1.0
+        target_mean, target_std = self.data.moments(self.model)[2:]
+        return float(target_mean), float(target_std) ** 2
 
     def _save(self, force: bool = False) -> None:
         now = time.perf_counter()
@@ -332,7 +340,8 @@ class _Training:
 
             def begin(restart=restart):
                 model.load_state_dict(self.initial)
-                initialize(model, *self.initial_data, self.rng, restart, self.standardize, self.target_moments)
+                initialize(model, *self.initial_data, self.rng, restart, self.standardize,
+                           self.streamed_target_moments)
                 if self.data is not None:  # every process continues from rank 0's initial values
                     self.data.broadcast_state_(model)
 
@@ -368,15 +377,15 @@ class _Training:
     def _refit_from_larger_noise(self) -> None:
         """Optimise again from σ² = 0.1 × the target variance; keep the refit if its loss is lower (see :func:`fit`).
 
-        Streamed targets (``y`` None) have variance 1 when standardised; unstandardised, theirs is
-        streamed (summed over every process of a distributed fit, which must all start the refit from
-        the same σ²): taking 1 there started the refit elsewhere than the in-memory fit did."""
+        Streamed targets (``y`` None) take ``streamed_target_moments`` (every process of a
+        distributed fit must start the refit from the same σ²): taking 1 unstandardised started the
+        refit elsewhere than the in-memory fit did."""
         model, x, y, history = self.model, self.x, self.y, self.history
 
         def target_variance() -> float:
             if y is not None:
                 return float(y.var()) if y.numel() > 1 else 1.0
-            return 1.0 if self.standardize else float(x.moments(model)[3]) ** 2
+            return self.streamed_target_moments[1]
 
         def begin():
             self.at_bound = (_current_loss(model, x, y), copy.deepcopy(model.state_dict()))
