@@ -165,26 +165,19 @@ def test_strategy_rule_and_errors():
 
 def test_threads_do_not_share_scratch():
     """Two threads projecting at once wrote into each other's cached scratch (all 20 results wrong)."""
-    import threading
+    from concurrency import failures_in_two_threads
 
     sign, perm, gauss, radius = state_tensors(700, 64)
     xs = [torch.randn(1000, 700, dtype=torch.float64, requires_grad=True) for _ in range(2)]
     expected = [fastfood_project(x, sign, perm, gauss, radius, "fwht") for x in xs]
     expected_grad = [torch.autograd.grad(y.sin().sum(), x)[0] for x, y in zip(xs, expected)]
-    wrong = [0, 0]
 
-    def work(i):
-        for _ in range(5):
-            y = fastfood_project(xs[i], sign, perm, gauss, radius, "fwht")
-            g = torch.autograd.grad(y.sin().sum(), xs[i])[0]
-            wrong[i] += not (torch.equal(y, expected[i]) and torch.equal(g, expected_grad[i]))
+    def same(i):
+        y = fastfood_project(xs[i], sign, perm, gauss, radius, "fwht")
+        g = torch.autograd.grad(y.sin().sum(), xs[i])[0]
+        return torch.equal(y, expected[i]) and torch.equal(g, expected_grad[i])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert wrong == [0, 0]
+    assert failures_in_two_threads(same, repeats=5) == [0, 0]
 
 
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])

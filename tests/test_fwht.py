@@ -156,22 +156,11 @@ def test_caches_filled_under_inference_mode_still_work_with_autograd():
 def test_threads_do_not_share_scratch():
     """The cached workspaces are shared: two threads transforming at once wrote into each other's scratch
     (3000×1024 rows: 26 of 30 results wrong, by up to 4e3)."""
-    import threading
+    from concurrency import failures_in_two_threads
 
     xs = [torch.randn(1500, 1024, dtype=torch.float64) for _ in range(2)]
     expected = [fwht(x) for x in xs]
-    wrong = [0, 0]
-
-    def work(i):
-        for _ in range(8):
-            wrong[i] += not torch.equal(fwht(xs[i]), expected[i])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert wrong == [0, 0]
+    assert failures_in_two_threads(lambda i: torch.equal(fwht(xs[i]), expected[i]), repeats=8) == [0, 0]
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
