@@ -6,17 +6,29 @@ for Fastfood (``fastfood_project``: strategies "auto", "fwht", "dense") and for 
 (no autograd), median of several repeats, both measured in the same run.  A second
 table sweeps d around the cut-over of ``choose_strategy`` (fwht vs materialise+GEMM).
 
-    python experiments/bench_features.py            # full table (~7 min on 2 cores)
+The reference, scikit-learn-extra's Fastfood (numpy, float64) at d = 1024, M = 4096
+and the run's n, is measured in the same run too, with the same thread count and
+timing (median of the repeats of ``transform`` after an untimed ``fit``: the map
+alone, as ff[auto] is timed; its ``n_components`` is our M, and its output the same
+2M columns [cos, sin]).  It runs in the interpreter of ``--sklearn-extra-python`` if
+given, else in this one if ``sklearn_extra`` imports here; without either the note
+says it was not measured.  scikit-learn-extra 0.3.0 does not import with
+numpy 2, so it needs a side environment::
+
+    python3 -m venv /tmp/skxv
+    /tmp/skxv/bin/pip install "numpy<2" "scikit-learn<1.6" scikit-learn-extra==0.3.0
+
+    python experiments/bench_features.py --sklearn-extra-python /tmp/skxv/bin/python  # full table (~8 min on 2 cores)
     python experiments/bench_features.py --quick    # smaller n, fewer repeats
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
-import statistics
+import subprocess
 import sys
-import time
 
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # see the note in the table header
 
@@ -25,33 +37,11 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from alacarte.features.fastfood import choose_strategy, draw_fastfood_state, fastfood_project  # noqa: E402
 from alacarte.features.fourier import fourier_features  # noqa: E402
+from _sklearn_extra_fastfood import transform_seconds  # noqa: E402
+from _timing import median_times  # noqa: E402
 
-SKLEARN_EXTRA_S = 17.7  # scikit-learn-extra Fastfood, d=1024, M=4096, n=36000, float64 numpy, this machine
-
-
-def median_time(fn, repeats: int) -> float:
-    """Median of ``repeats`` timed calls after one warm-up; a warm-up slower than
-    1 s counts as the first sample (the big GEMMs need no warming)."""
-    return median_times([fn], repeats)[0]
-
-
-def median_times(fns, repeats: int) -> list[float]:
-    """Like :func:`median_time` for several functions, timed round-robin so that
-    they all see the same machine load (the 2 cores may be shared)."""
-    samples = [[] for _ in fns]
-    for fn, ts in zip(fns, samples):
-        t0 = time.perf_counter()
-        fn()
-        first = time.perf_counter() - t0
-        if first > 1.0:
-            ts.append(first)
-    for _ in range(repeats):
-        for fn, ts in zip(fns, samples):
-            if len(ts) < repeats:
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-    return [statistics.median(ts) for ts in samples]
+SKLEARN_EXTRA_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sklearn_extra_fastfood.py")
+REFERENCE_D, REFERENCE_M = 1024, 4096  # where scikit-learn-extra is measured
 
 
 def machine() -> str:
@@ -88,13 +78,45 @@ def fastfood(x, ell, state, scale, strategy):
     return fourier_features(fastfood_project(x / ell, sign, perm, gauss, radius, strategy), scale)
 
 
+def sklearn_extra_reference(n: int, repeats: int, python: str | None) -> tuple[dict | None, str]:
+    """scikit-learn-extra's Fastfood ``transform`` time at (n, REFERENCE_D, REFERENCE_M) with
+    this run's thread count (:func:`_sklearn_extra_fastfood.transform_seconds`) and where it
+    ran, or None and why it did not."""
+    threads = torch.get_num_threads()
+    if python is None:
+        try:
+            import sklearn_extra.kernel_approximation  # noqa: F401
+        except ImportError as err:
+            return None, (f"scikit-learn-extra does not import in this interpreter ({err}) and "
+                          "--sklearn-extra-python was not given")
+        return transform_seconds(n, REFERENCE_D, REFERENCE_M, repeats, threads), "this interpreter"
+    env = dict(os.environ, **{name: str(threads) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    command = [python, SKLEARN_EXTRA_SCRIPT, "--n", str(n), "--d", str(REFERENCE_D), "--m", str(REFERENCE_M),
+               "--repeats", str(repeats), "--threads", str(threads)]
+    run = subprocess.run(command, env=env, capture_output=True, text=True)
+    if run.returncode:  # the table above is still written
+        return None, f"`{python}` failed (exit {run.returncode}): {(run.stderr.strip().splitlines() or [''])[-1]}"
+    return json.loads(run.stdout.splitlines()[-1]), f"`{python}`"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="n = 9000, 2 repeats")
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "features.md"))
+    ap.add_argument("--sklearn-extra-python", metavar="PATH",
+                    help="interpreter with scikit-learn-extra that measures the reference (see the docstring)")
     args = ap.parse_args()
+    if args.sklearn_extra_python is not None:  # checked now, not after the table's minutes
+        try:
+            check = subprocess.run([args.sklearn_extra_python, "-c", "import sklearn_extra.kernel_approximation"],
+                                   capture_output=True, text=True)
+        except OSError as err:
+            ap.error(f"--sklearn-extra-python {args.sklearn_extra_python}: {err.strerror}")
+        if check.returncode:
+            ap.error(f"--sklearn-extra-python {args.sklearn_extra_python} cannot import scikit-learn-extra: "
+                     f"{(check.stderr.strip().splitlines() or [''])[-1]}")
     n = args.n or (9000 if args.quick else 36000)
     reps = args.repeats or (2 if args.quick else 3)
     lines = [
@@ -132,16 +154,22 @@ def main() -> None:
                     lines.append(row)
                     print(row, flush=True)
                     del x, w, state
-    if n == 36000:
-        t = results[(torch.float64, 1024, 4096)][1]
-        t32 = results[(torch.float32, 1024, 4096)][1]
+    reference, where = sklearn_extra_reference(n, reps, args.sklearn_extra_python)
+    if reference is None:
+        note = f"\nscikit-learn-extra Fastfood reference not measured: {where}."
+    else:
+        t, t32 = (results[(dtype, REFERENCE_D, REFERENCE_M)][1] for dtype in (torch.float64, torch.float32))
+        ref = reference["seconds"]
         note = (
-            f"\nscikit-learn-extra Fastfood (numpy, float64), d = 1024, M = 4096, n = 36000, measured earlier on "
-            f"this machine: {SKLEARN_EXTRA_S} s; ff[auto] here: float64 {t:.3f} s "
-            f"({SKLEARN_EXTRA_S / t:.1f}× faster), float32 {t32:.3f} s ({SKLEARN_EXTRA_S / t32:.1f}× faster). Target ≥ 5×."
+            f"\nscikit-learn-extra {reference['sklearn_extra']} Fastfood (numpy {reference['numpy']}, float64, "
+            f"measured in this run in {where}, {torch.get_num_threads()} threads), d = {REFERENCE_D}, "
+            f"n_components = M = {REFERENCE_M} (its output: {reference['width']} columns, [cos, sin] like ours), "
+            f"n = {n}, `transform` after an untimed `fit`, median of {reps}: {ref:.3f} s; ff[auto] here: "
+            f"float64 {t:.3f} s ({ref / t:.1f}× faster), float32 {t32:.3f} s ({ref / t32:.1f}× faster). "
+            "Target ≥ 5×."
         )
-        lines.append(note)
-        print(note, flush=True)
+    lines.append(note)
+    print(note, flush=True)
     # cut-over sweep
     n2 = max(1000, n // 4)
     head = [

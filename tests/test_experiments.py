@@ -1,4 +1,5 @@
 """The experiment scripts' own machinery: resumable result files, and settings that would run nothing."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -160,3 +161,37 @@ def test_the_rffnet_report_re_renders_the_committed_table_elsewhere(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "experiments/selection_rffnet.py"), "--report", "--out", str(out)],
                    check=True, capture_output=True, timeout=120)
     assert out.read_text() == (ROOT / "experiments/results/selection_rffnet.md").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn_extra") is not None, reason="the reference would be measured")
+def test_the_feature_benchmark_without_scikit_learn_extra_says_its_reference_was_not_measured(tmp_path):
+    # it printed a hard-coded 17.7 s "measured earlier" as the reference, and at n ≠ 36000 nothing
+    out = tmp_path / "features.md"
+    subprocess.run([sys.executable, str(ROOT / "experiments/bench_features.py"), "--n", "16", "--repeats", "1",
+                    "--out", str(out)], check=True, capture_output=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    notes = [line for line in out.read_text().splitlines() if "scikit-learn-extra" in line]
+    assert len(notes) == 1 and notes[0].startswith("scikit-learn-extra Fastfood reference not measured: ")
+    assert "--sklearn-extra-python was not given" in notes[0]
+
+
+@pytest.mark.parametrize("python, message", [
+    ("/nonexistent/python", "--sklearn-extra-python /nonexistent/python: No such file or directory"),
+    (sys.executable, f"--sklearn-extra-python {sys.executable} cannot import scikit-learn-extra: "),
+])
+def test_the_feature_benchmark_refuses_an_interpreter_that_cannot_measure_its_reference(python, message, tmp_path):
+    if python == sys.executable and importlib.util.find_spec("sklearn_extra") is not None:
+        pytest.skip("sklearn_extra imports here")
+    out = tmp_path / "features.md"
+    result = subprocess.run([sys.executable, str(ROOT / "experiments/bench_features.py"), "--sklearn-extra-python", python,
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and message in result.stderr and not out.exists()
+
+
+@pytest.mark.skipif(not os.environ.get("ALACARTE_SKLEARN_EXTRA_PYTHON"),
+                    reason="set ALACARTE_SKLEARN_EXTRA_PYTHON to an interpreter with scikit-learn-extra")
+def test_the_feature_benchmark_measures_scikit_learn_extra_in_another_interpreter():
+    import bench_features
+
+    reference, where = bench_features.sklearn_extra_reference(64, 1, os.environ["ALACARTE_SKLEARN_EXTRA_PYTHON"])
+    assert reference is not None, where
+    assert reference["width"] == 2 * bench_features.REFERENCE_M and reference["seconds"] > 0  # [cos, sin] of M
