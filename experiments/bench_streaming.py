@@ -58,9 +58,9 @@ RESULTS = os.path.join(os.path.dirname(__file__), "results")
 COMMITTED_RUNS = (
     'The rows came from three invocations on the same raw file (`experiments/results/streaming_raw.jsonl`;',
     'a re-run resumes, running only what it lacks): `--parallel 3` with the D = 2048 rows beyond',
-    'n = 10⁵ skipped (load average 15–20); `--scaling-ns 100000 1000000 --scaling-samples 1024 --parallel 1`',
-    'for the n = 10⁶, D = 2048 row; and `--parallel 1` for the n = 2·10⁶, D = 2048 row (load average ≈ 4,',
-    "beside a benchmark run on both cores, hence its CPU time is the comparable number). GPyTorch's loss",
+    'n = 10⁵ skipped; `--scaling-ns 100000 1000000 --scaling-samples 1024 --parallel 1` for the',
+    'n = 10⁶, D = 2048 row; and `--parallel 1` for the n = 2·10⁶, D = 2048 row. They predate the `load`',
+    'column; their wall / CPU seconds (1.0× to 33×) show how long each waited. GPyTorch\'s loss',
     'differs from ours because its `RFFKernel` draws its own frequencies. In-memory and GPyTorch rows at',
     "n ≥ 10⁶ are not run because they hold the n×D feature matrix; the streamed path's memory does not",
     'grow with n beyond the touched pages of the memory-mapped input (0.14 GiB per 10⁶ rows of x).',
@@ -156,6 +156,7 @@ def worker(args) -> None:
     model.train()
 
     times, cpu_times, loss = [], [], None
+    load = [os.getloadavg()[0]]  # 1-minute load average, this process included
     for _ in range(args.repeats):
         if world > 1:
             torch.distributed.barrier()
@@ -163,9 +164,10 @@ def worker(args) -> None:
         loss = evaluate()
         times.append(time.perf_counter() - start)
         cpu_times.append(time.process_time() - cpu_start)
+    load.append(os.getloadavg()[0])
     result = {"config": args.worker, "n": args.n, "M": num_samples, "seconds": float(np.median(times)),
               "all_seconds": times, "cpu_seconds": float(np.median(cpu_times)), "loss": loss,
-              "peak_rss": peak_rss_bytes(), "rank": rank}
+              "peak_rss": peak_rss_bytes(), "load": load, "rank": rank}
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -230,6 +232,14 @@ def _key(config: str, n: int, num_samples: int) -> str:
     return f"{config}|{n}|{num_samples}"
 
 
+def load_text(result: dict) -> str:
+    """The row's measured load average, start → end (rank 0's for 2 processes)."""
+    if "load" not in result:
+        return "not recorded"
+    start, end = result["load"]
+    return f"{start:.1f} → {end:.1f}"
+
+
 def render(args, done: dict, command: str) -> str:
     import torch
 
@@ -238,9 +248,10 @@ def render(args, done: dict, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, 2 cores **shared with other jobs during the runs "
-        "(load average 4–20 on 2 cores)**, so wall-clock seconds mostly measure waiting for a core; "
-        f"the CPU seconds of each one-thread process are the comparable measure. torch {torch.__version__}. "
+        f"Machine: {platform.machine()}, 2 cores; `load` = the 1-minute load average at the start and end of "
+        "the timed evaluations (it counts the process itself). Where the load exceeds the cores, wall-clock "
+        "seconds also count waiting for a core, so the CPU seconds of each one-thread process are the "
+        f"comparable measure. torch {torch.__version__}. "
         "SE1-like data (d = 18), FSARD, float64. One evaluation = negative log marginal likelihood + "
         "gradient of every parameter, timed once in a fresh process (no warm-up; at these sizes set-up is "
         f"negligible). Streamed: memory-mapped `.npy` input, memory budget {MEMORY_BUDGET // 2**20} MiB. "
@@ -249,22 +260,23 @@ def render(args, done: dict, command: str) -> str:
         "`ExactMarginalLogLikelihood`, whose `LowRankRootAddedDiagLinearOperator` takes the low-rank path "
         "(Woodbury solve, capacitance-matrix Cholesky for the log-determinant).",
         "",
-        "| path | n | M (D = 2M) | CPU s / eval | vs in-memory (CPU, same n and M) | wall s / eval | peak RSS (GiB) | loss per point |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| path | n | M (D = 2M) | CPU s / eval | vs in-memory (CPU, same n and M) | wall s / eval | peak RSS (GiB) "
+        "| loss per point | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for config, n, m, reason in plan(args):
         key = _key(config, n, m)
         if reason is not None and key not in done:
-            lines.append(f"| {config} | {n:,} | {m} | not run: {reason} | | | | |")
+            lines.append(f"| {config} | {n:,} | {m} | not run: {reason} | | | | | |")
             continue
         if key not in done:
-            lines.append(f"| {config} | {n:,} | {m} | (not finished) | | | | |")
+            lines.append(f"| {config} | {n:,} | {m} | (not finished) | | | | | |")
             continue
         r = done[key]
         reference = done.get(_key("in-memory", n, m))
         ratio = f"{r['cpu_seconds'] / reference['cpu_seconds']:.2f}×" if reference else "–"
         lines.append(f"| {config} | {n:,} | {m} | {r['cpu_seconds']:.1f} | {ratio} | {r['seconds']:.1f} | "
-                     f"{r['peak_rss'] / 2**30:.2f} | {r['loss']:.6f} |")
+                     f"{r['peak_rss'] / 2**30:.2f} | {r['loss']:.6f} | {load_text(r)} |")
     lines.append("")
     for m_scaling in sorted({args.scaling_samples, NUM_SAMPLES}):
         streamed = sorted((n, done[_key("streamed", n, m_scaling)]["cpu_seconds"])

@@ -1,5 +1,6 @@
 """The experiment scripts' own machinery: resumable result files, and settings that would run nothing."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -195,3 +196,20 @@ def test_the_feature_benchmark_measures_scikit_learn_extra_in_another_interprete
     reference, where = bench_features.sklearn_extra_reference(64, 1, os.environ["ALACARTE_SKLEARN_EXTRA_PYTHON"])
     assert reference is not None, where
     assert reference["width"] == 2 * bench_features.REFERENCE_M and reference["seconds"] > 0  # [cos, sin] of M
+
+
+def test_the_streaming_benchmark_reports_the_load_it_measured_instead_of_a_fixed_one(tmp_path):
+    # its Machine line said "load average 4–20 on 2 cores" whatever the load of the run
+    script = str(ROOT / "experiments/bench_streaming.py")
+    worker = subprocess.run([sys.executable, script, "--worker", "streamed", "--n", "200", "--data", str(tmp_path)],
+                            check=True, capture_output=True, text=True, timeout=300)
+    row = json.loads(worker.stdout.splitlines()[-1][len("RESULT "):])
+    assert len(row["load"]) == 2 and min(row["load"]) >= 0  # 1-minute load average, start and end
+    raw, out = tmp_path / "raw.jsonl", tmp_path / "streaming.md"
+    raw.write_text(json.dumps(row) + "\n")
+    subprocess.run([sys.executable, script, "--render-only", "--raw", str(raw), "--out", str(out), "--n", "200",
+                    "--scaling-ns", "200", "--scaling-samples", "1024"], check=True, capture_output=True, timeout=120)
+    text = out.read_text()
+    assert "4–20" not in text
+    streamed = next(line for line in text.splitlines() if line.startswith("| streamed | 200 |"))
+    assert streamed.endswith(f"| {row['load'][0]:.1f} → {row['load'][1]:.1f} |")
