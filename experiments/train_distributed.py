@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 
@@ -86,12 +87,14 @@ def main() -> None:
         model = model.cuda()  # ad.init chose GPU LOCAL_RANK; chunks are moved there as they are read
     fit_kwargs = dict(max_iter=args.max_iter, restarts=1, restart_iter=5, tolerance=args.tolerance,
                       memory_budget=args.memory_budget, seed=args.seed, progress=rank == 0)
+    load = [os.getloadavg()[0]]  # 1-minute load average, measured for the report
     start = time.perf_counter()
     if distributed:
         history = ad.fit(model, x_train, y_train, **fit_kwargs)
     else:
         history = alacarte.fit(model, x_train, y_train, **fit_kwargs)
     seconds = time.perf_counter() - start
+    load.append(os.getloadavg()[0])
     pred = model.predict(x_test)
     pred = type(pred)(*(t.cpu() for t in pred))
     rmse = float((pred.mean - torch.as_tensor(y_test)).pow(2).mean().sqrt())
@@ -99,7 +102,7 @@ def main() -> None:
                          + pred.observed_variance.log() + np.log(2 * np.pi))).mean())
     result = {
         "n": args.n, "n_test": args.n_test, "processes": world, "M": args.num_samples, "D": 2 * args.num_samples,
-        "iterations": history.iterations, "converged": history.converged, "fit_seconds": seconds,
+        "iterations": history.iterations, "converged": history.converged, "fit_seconds": seconds, "load": load,
         "final_loss": history.loss[-1], "test_rmse": rmse, "test_nlpd": nlpd,
         "noise_std": float(model.likelihood.noise.detach().sqrt() * model.target_scale),
         "relevance": (1 / model.covar_module.lengthscale.detach().reshape(-1)).tolist(),
@@ -114,9 +117,9 @@ def main() -> None:
             "",
             f"Command: `{launcher}{' '.join(sys.argv)}`",
             "",
-            "Machine: x86_64, 2 cores shared with four other agents' jobs during the run, "
-            f"{args.threads} torch thread(s) per process, float64. Training rows read from a memory-mapped "
-            f"`.npy` file, memory budget {args.memory_budget // 2**20} MiB; one data-driven restart (5 iterations) "
+            f"Machine: {platform.machine()}, {os.cpu_count()} cores, 1-minute load average {load[0]:.1f} at the "
+            f"start of the fit and {load[1]:.1f} at its end, {args.threads} torch thread(s) per process, float64. "
+            f"Training rows read from a memory-mapped `.npy` file, memory budget {args.memory_budget // 2**20} MiB; one data-driven restart (5 iterations) "
             f"then L-BFGS until the loss changes by < {args.tolerance:g} (relative) three times in a row "
             f"or {args.max_iter} iterations.",
             "",

@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,12 +139,16 @@ def test_selection_benchmark_refuses_settings_that_would_run_nothing_or_nonsense
     assert result.returncode == 2 and message in result.stderr and not out.exists()
 
 
-def test_the_streamed_fit_report_names_the_training_size_it_ran(tmp_path):
+def test_the_streamed_fit_report_names_the_training_size_and_the_load_it_ran_at(tmp_path):
     out = tmp_path / "streaming_fit.md"
     subprocess.run([sys.executable, str(ROOT / "experiments/train_distributed.py"), "--n-train", "2000", "--n-test", "100",
                     "--num-samples", "8", "--max-iter", "2", "--data", str(tmp_path), "--out", str(out)],
                    check=True, capture_output=True, timeout=300, env={k: v for k, v in os.environ.items() if k != "RANK"})
     assert out.read_text().splitlines()[0] == "# Full streamed fit of FSARD on 2,000 SE1 points"
+    # the load it measured, not "2 cores shared with four other agents' jobs during the run"
+    machine = next(line for line in out.read_text().splitlines() if line.startswith("Machine: "))
+    assert re.match(rf"Machine: \S+, {os.cpu_count()} cores, 1-minute load average \d+\.\d at the start of the fit "
+                    r"and \d+\.\d at its end, 1 torch thread\(s\) per process", machine), machine
 
 
 def test_a_row_is_not_appended_under_the_columns_of_another_schema(tmp_path):
