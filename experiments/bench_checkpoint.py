@@ -96,13 +96,14 @@ def main() -> None:
         "",
         f"alacarte {package_version()}, torch {torch.__version__}, {platform.machine()}, 1 torch thread. Split 0 of each dataset, the UCI "
         f"benchmark's protocol (M = 512, D = 1024; 5 restarts × 15 L-BFGS iterations, then {args.max_iter}), "
-        "float64. One fit per row. Wall times of single fits on a shared 2-core machine vary by as much as 20% "
-        "from run to run, more than the checkpoint costs; the seconds writing, timed around each write, "
-        "are the firm measure: *writing / fit* is them over the fit without a checkpoint.",
+        "float64. One fit per row. Wall times of single fits vary from run to run with the machine's load "
+        "(measured: under the table), so the seconds writing, timed around each write, are the firm "
+        "measure: *writing / fit* is them over the fit without a checkpoint.",
         "",
         "| dataset | n | method | checkpoint | fit s | vs none | writes | s writing | writing / fit | file MB | fingerprints s |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    load = [os.getloadavg()[0]]
     # The first fit of a process pays one-off costs (allocator, kernels' first calls) that would
     # otherwise land on the first row's reference.
     warm_up = load_uci(CASES[0][0], 0, args.data)
@@ -128,7 +129,10 @@ def main() -> None:
                     f"{'' if label == 'none' else f'{fingerprints:.3f}'} |"
                 )
                 print(lines[-1], flush=True)
-    lines += ["", "Final losses are equal with and without a checkpoint in every row (checked by the script)."]
+    load.append(os.getloadavg()[0])
+    lines += ["", "Final losses are equal with and without a checkpoint in every row (checked by the script). "
+              f"1-minute load average: {load[0]:.1f} at the start of the run, {load[1]:.1f} at its end "
+              f"({os.cpu_count()} cores)."]
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "w") as fh:

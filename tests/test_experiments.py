@@ -218,3 +218,23 @@ def test_the_streaming_benchmark_reports_the_load_it_measured_instead_of_a_fixed
     assert "4–20" not in text
     streamed = next(line for line in text.splitlines() if line.startswith("| streamed | 200 |"))
     assert streamed.endswith(f"| {row['load'][0]:.1f} → {row['load'][1]:.1f} |")
+
+
+def test_the_checkpoint_benchmark_reports_the_load_it_measured_instead_of_a_fixed_claim(tmp_path):
+    # its header said "on a shared 2-core machine vary by as much as 20%", measured by no run; the fits and
+    # the data are stubbed (in a subprocess: main sets torch's default dtype and threads)
+    out = tmp_path / "checkpoint.md"
+    code = ("import sys, types, numpy as np\n"
+            f"sys.path.insert(0, {str(ROOT / 'experiments')!r})\n"
+            "import bench_checkpoint as b\n"
+            "data = types.SimpleNamespace(x_train=np.zeros((10, 2)), y_train=np.zeros(10))\n"
+            "b.load_uci = lambda *args: data\n"
+            "b.timed_fit = lambda *args: (1.0, 0.5, 0, 0.0, 0)\n"
+            "b.fingerprint_seconds = lambda *args: 0.0\n"
+            "b.os.getloadavg = iter([(0.3, 0, 0), (3.5, 0, 0)]).__next__\n"
+            f"sys.argv = ['bench_checkpoint.py', '--out', {str(out)!r}]\n"
+            "b.main()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+    text = out.read_text()
+    assert "20%" not in text and "shared 2-core" not in text
+    assert f"1-minute load average: 0.3 at the start of the run, 3.5 at its end ({os.cpu_count()} cores)." in text
