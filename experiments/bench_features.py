@@ -7,7 +7,8 @@ for Fastfood (``fastfood_project``: strategies "auto", "fwht", "dense") and for 
 table sweeps d around the cut-over of ``choose_strategy`` (fwht vs materialise+GEMM).
 
 The reference, scikit-learn-extra's Fastfood (numpy, float64) at d = 1024, M = 4096
-and the run's n, is measured in the same run too, with the same thread count and
+and the run's n, is measured in the same run too, with the same thread limit (its
+Cython FWHT and element-wise numpy use one thread whatever the limit) and the same
 timing (median of the repeats of ``transform`` after an untimed ``fit``: the map
 alone, as ff[auto] is timed; its ``n_components`` is our M, and its output the same
 2M columns [cos, sin]).  It runs in the interpreter of ``--sklearn-extra-python`` if
@@ -18,7 +19,7 @@ numpy 2, so it needs a side environment::
     python3 -m venv /tmp/skxv
     /tmp/skxv/bin/pip install "numpy<2" "scikit-learn<1.6" scikit-learn-extra==0.3.0
 
-    python experiments/bench_features.py --sklearn-extra-python /tmp/skxv/bin/python  # full table (~8 min on 2 cores)
+    python experiments/bench_features.py --sklearn-extra-python /tmp/skxv/bin/python  # full table (~7 min on 2 cores, + ~1 min reference)
     python experiments/bench_features.py --quick    # smaller n, fewer repeats
 """
 from __future__ import annotations
@@ -162,7 +163,8 @@ def main() -> None:
         ref = reference["seconds"]
         note = (
             f"\nscikit-learn-extra {reference['sklearn_extra']} Fastfood (numpy {reference['numpy']}, float64, "
-            f"measured in this run in {where}, {torch.get_num_threads()} threads), d = {REFERENCE_D}, "
+            f"measured in this run in {where}, limited to {torch.get_num_threads()} threads, but its FWHT and "
+            f"element-wise numpy run on one), d = {REFERENCE_D}, "
             f"n_components = M = {REFERENCE_M} (its output: {reference['width']} columns, [cos, sin] like ours), "
             f"n = {n}, `transform` after an untimed `fit`, median of {reps}: {ref:.3f} s; ff[auto] here: "
             f"float64 {t:.3f} s ({ref / t:.1f}× faster), float32 {t32:.3f} s ({ref / t32:.1f}× faster). "
