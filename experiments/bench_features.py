@@ -87,7 +87,7 @@ def sklearn_extra_reference(n: int, repeats: int, python: str | None) -> tuple[d
     if python is None:
         try:
             import sklearn_extra.kernel_approximation  # noqa: F401
-        except ImportError as err:
+        except (ImportError, ValueError) as err:  # ValueError: 0.3.0's Cython under numpy 2 ("dtype size changed")
             return None, (f"scikit-learn-extra does not import in this interpreter ({err}) and "
                           "--sklearn-extra-python was not given")
         return transform_seconds(n, REFERENCE_D, REFERENCE_M, repeats, threads), "this interpreter"

@@ -180,6 +180,24 @@ def test_the_feature_benchmark_without_scikit_learn_extra_says_its_reference_was
     assert "--sklearn-extra-python was not given" in notes[0]
 
 
+def test_the_feature_benchmark_takes_a_scikit_learn_extra_that_fails_to_import_as_not_measured(tmp_path, monkeypatch):
+    # scikit-learn-extra 0.3.0 installed beside numpy 2 raises ValueError on import, which ended the run
+    # after the table's minutes without writing it
+    import bench_features
+
+    package = tmp_path / "sklearn_extra"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kernel_approximation.py").write_text(
+        "raise ValueError('numpy.dtype size changed, may indicate binary incompatibility.')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        reference, why = bench_features.sklearn_extra_reference(16, 1, None)
+    finally:  # the stub package itself imported: do not leave it to the other tests
+        sys.modules.pop("sklearn_extra", None)
+    assert reference is None and "numpy.dtype size changed" in why and "--sklearn-extra-python was not given" in why
+
+
 @pytest.mark.parametrize("python, message", [
     ("/nonexistent/python", "--sklearn-extra-python /nonexistent/python: No such file or directory"),
     (sys.executable, f"--sklearn-extra-python {sys.executable} cannot import scikit-learn-extra: "),
