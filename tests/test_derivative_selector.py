@@ -325,3 +325,21 @@ def test_penalized_predictions_need_no_array_of_queries_by_points_by_inputs():
     direct = (k * (model.dual_coef_ + 2 * model.gamma_ * (diff * model.derivative_coef_).sum(-1))).mean(1)
     np.testing.assert_allclose(values[:5], direct + model.y_mean_, rtol=1e-12, atol=1e-12 * np.abs(y).max())
     np.testing.assert_allclose(model.predict(queries[:5]), values[:5], rtol=0, atol=0)  # refit=False
+
+
+def test_the_penalties_are_in_the_targets_units():
+    """y is not standardised (documented): for s·y, s·τ, s²·threshold and s·tol give s·f and the same
+    selection, while the settings for y select other inputs (none for y/1000; all six for 1000·y, not
+    refitted here: 2700 iterations)."""
+    x, y, _ = make_rosasco("f3", 60, seed=0)
+    settings = dict(tau=1e-3, gamma=0.6, tol=1e-5, max_iter=20000)
+    reference = DerivativeSelector(**settings).fit(x, y)
+    assert reference.converged_ and reference.selected_.tolist() == [0, 4]
+    assert len(DerivativeSelector(**settings).fit(x, y / 1000).selected_) == 0
+    for s in (1e3, 1e-3):
+        scaled = DerivativeSelector(**{**settings, "tau": s * 1e-3, "threshold": s * s * 1e-3, "tol": s * 1e-5})
+        scaled.fit(x, s * y)
+        np.testing.assert_array_equal(scaled.selected_, reference.selected_)
+        # agreement to the stopping tolerance (the two runs stop at iterates ~1e-9 apart)
+        np.testing.assert_allclose(scaled.derivative_norms_ / s, reference.derivative_norms_, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(scaled.predict(x) / s, reference.predict(x), rtol=1e-9, atol=1e-12)

@@ -9,7 +9,7 @@ k(x, x') = exp(−γ‖x − x'‖²) it minimises
     E(f) + 2τ R(f) + μ‖f‖²_H,
     E(f) = (1/n) Σᵢ (yᵢ − f(xᵢ))²,   R(f) = Σⱼ √((1/n) Σᵢ (∂ⱼf(xᵢ))²),
 
-(y centred; the mean is added back in ``predict``).  ∂ⱼf is the derivative with
+(y centred, not scaled; the mean is added back in ``predict``).  ∂ⱼf is the derivative with
 respect to the standardised input j, i.e. per standard deviation of input j, so
 rescaling an input changes neither the objective nor the selection.  The paper's functional
 (1) is μ = 0, but then its infimum is 0 for any data: the Gaussian RKHS holds
@@ -53,6 +53,14 @@ predictions come from kernel ridge regression on the selected (standardised)
 variables only.  Hyperparameters chosen for raw inputs of variance v carry
 over as γ·v (kernel widths), τ/√v (the derivative per standard deviation is √v
 times the raw one) and threshold·v.
+
+The targets are not standardised (the paper's functional is in y's units), so τ,
+``threshold`` and ``tol`` are in y's units too, and the selection changes with them:
+for targets s·y, the fit with s·τ, s²·threshold and s·tol is s·f with the same
+selection, whereas keeping the settings changes it (Rosasco et al.'s f3, n = 60,
+τ = 10⁻³, γ = 0.6: inputs {0, 4} selected for y, all six for 1000·y, none for
+y/1000).  Scale τ with the spread of y (τ = c·std(y), as
+experiments/selection_rffnet.py does).
 
 Memory is O((n d)²) for L: this is a small-data baseline, and it refuses
 (ValueError) problems whose matrices would exceed ``max_memory_bytes``.
@@ -126,19 +134,20 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     (Rosasco, Santoro, Mosci, Verri & Villa, AISTATS 2010).
 
     Args:
-        tau: τ, the weight of the derivative penalty.
+        tau: τ, the weight of the derivative penalty, in y's units (see above: not
+            standardised).
         mu: μ, the RKHS ridge that makes the problem well posed (see above).
         gamma: Gaussian kernel k = exp(−γ‖x − x'‖²) on the standardised inputs;
             ``None`` → 1/d, d counting the inputs that are not constant.
         threshold: select input j when Σᵢ (∂ⱼf(xᵢ))² exceeds it (derivatives per
-            standard deviation of input j); ``None`` → τ.
+            standard deviation of input j, in y's units: it scales with y²); ``None`` → τ.
         refit: predict with kernel ridge regression on the selected inputs
             (the paper's Alg1-GR); ``False`` predicts with the penalised f itself.
         refit_alpha: the ridge of that refit (sklearn ``KernelRidge(alpha=...)``).
         refit_gamma: the refit's kernel parameter (on the standardised selected
             inputs); ``None`` → ``gamma_``.  A kernel on fewer inputs usually
             wants a narrower width.
-        tol: the stopping tolerance of both loops (in the RKHS norm).
+        tol: the stopping tolerance of both loops (in the RKHS norm, in y's units).
         max_iter, max_inner_iter: iteration caps of the outer and inner loops.
         max_memory_bytes: refuse problems whose (n·d)² matrices need more.
         warm_start: start from the previous fit's coefficients (the paper's
