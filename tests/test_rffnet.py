@@ -97,7 +97,7 @@ def test_alpha_changes_the_fitted_model():
     x, y, _ = make_se1(400, seed=0)
     small = RFFNetRegressor(alpha=0.0, max_epochs=20, random_state=0).fit(x, y)
     large = RFFNetRegressor(alpha=1.0, max_epochs=20, random_state=0).fit(x, y)
-    assert np.linalg.norm(large.coef_) < 0.5 * np.linalg.norm(small.coef_)
+    assert np.linalg.norm(large.output_weights_) < 0.5 * np.linalg.norm(small.output_weights_)
 
 
 def test_early_stopping_restores_the_best_epoch():

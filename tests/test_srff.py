@@ -285,3 +285,28 @@ def test_srff_fits_targets_of_huge_magnitude():
     np.testing.assert_array_equal(huge.selected_, small.selected_)
     np.testing.assert_allclose(huge.predict(x[:5]), small.predict(x[:5]) * 1e200, rtol=1e-9)
     assert np.all(np.isinf(huge.validation_mse_))  # the MSE in the target's units is beyond float64
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SRFFRegressor(**{**SMALL, "n_components": 6}),  # D = d: the old coef_ had the shape of an input weight
+    lambda: RFFNetRegressor(max_epochs=3, random_state=0),
+    lambda: DerivativeSelector(tau=1e-3, max_iter=30),
+])
+def test_sklearn_feature_selectors_read_the_relevances(make):
+    """SelectFromModel and RFE take coef_ (else feature_importances_) as one weight per input. SRFF's and
+    RFFNet's coef_ were the D random features' output weights: on y = sin(2x₀)x₂ (n = 300, d = 6)
+    SelectFromModel(SRFFRegressor(n_components=6)) kept inputs 1 and 4, where relevance_ ranked 0, 1, 2
+    first (with D ≠ d its mask had D entries), and DerivativeSelector had neither attribute. The
+    relevances are feature_importances_ now."""
+    from sklearn.feature_selection import RFE, SelectFromModel
+
+    x, y = regression_data(n=80)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        selector = SelectFromModel(make()).fit(x, y)
+        relevance = selector.estimator_.relevance_
+        np.testing.assert_array_equal(selector.estimator_.feature_importances_, relevance)
+        np.testing.assert_array_equal(selector.get_support(), relevance >= relevance.mean())
+        assert selector.transform(x).shape == (80, int((relevance >= relevance.mean()).sum()))
+        assert RFE(make(), n_features_to_select=5).fit(x, y).support_.shape == (6,)
+    assert not hasattr(make(), "feature_importances_")

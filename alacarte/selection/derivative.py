@@ -158,7 +158,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
     ``dual_coef_`` (α, (n,)), ``derivative_coef_`` (β, (n, d)),
     ``derivative_norms_`` (√((1/n)Σᵢ(∂ⱼf(xᵢ))²) per input, the derivative per
     unit of standard deviation of that input), ``relevance_`` (those scaled to
-    [0, 1]), ``selected_`` (indices), ``n_iter_``, ``converged_``, ``ridge_``
+    [0, 1]; also ``feature_importances_``, which scikit-learn's ``SelectFromModel``
+    reads), ``selected_`` (indices), ``n_iter_``, ``converged_``, ``ridge_``
     (the refit KernelRidge on the standardised selected inputs, or ``None``),
     ``refit_`` (whether ``predict`` uses it), ``x_train_`` (the standardised training inputs).
 
@@ -293,7 +294,8 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.derivative_norms_ = grads.square().mean(1).sqrt().numpy()
         self.fitted_values_ = (K @ alpha + Z @ beta).numpy() + self.y_mean_
         top = self.derivative_norms_.max()
-        self.relevance_ = self.derivative_norms_ / top if top > 0 else self.derivative_norms_.copy()
+        self.relevance_ = self.feature_importances_ = (self.derivative_norms_ / top if top > 0
+                                                      else self.derivative_norms_.copy())
         threshold = self.tau if self.threshold is None else self.threshold
         self.selected_ = np.flatnonzero(n * self.derivative_norms_**2 > threshold)
         self.ridge_ = None

@@ -260,12 +260,12 @@ class _RFFNetBase(BaseEstimator):
         self.validation_loss_ = np.array(history)
         self.best_epoch_ = best_epoch
         self.n_epochs_ = len(history)
-        self.coef_ = params.beta.numpy().copy()
+        self.output_weights_ = params.beta.numpy().copy()
         self.intercept_ = float(params.intercept)
         self.input_scales_ = params.relevance.abs().numpy() / self.x_scale_
         magnitude = params.relevance.abs().numpy()
         top = magnitude.max()
-        self.relevance_ = magnitude / top if top > 0 else magnitude
+        self.relevance_ = self.feature_importances_ = magnitude / top if top > 0 else magnitude
         self.selected_ = np.flatnonzero(self.relevance_ > self.selection_threshold)
         return self
 
@@ -293,10 +293,12 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
             ``selected_``.
         random_state: seed for the split, the random map and the mini-batches.
 
-    Fitted attributes: ``relevance_`` (``|λ|`` scaled to [0, 1], per input),
+    Fitted attributes: ``relevance_`` (``|λ|`` scaled to [0, 1], per input; also
+    ``feature_importances_``, which scikit-learn's ``SelectFromModel`` and ``RFE`` read),
     ``selected_`` (indices of inputs with relevance above the threshold),
     ``input_scales_`` (``|λ|`` in the input's own units: an inverse lengthscale),
-    ``coef_``/``intercept_`` (β, b₀), ``validation_loss_`` (per epoch),
+    ``output_weights_``/``intercept_`` (β, b₀; not ``coef_``, which those read as
+    one weight per input), ``validation_loss_`` (per epoch),
     ``best_epoch_`` (the epoch restored), ``n_random_features_``.
 
     Example:

@@ -164,7 +164,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
 
     Inputs and the target are standardised before fitting (so γ is in units of
     standardised inputs, and the fit does not depend on the target's units);
-    ``coef_`` and predictions are in original units.  A constant input column
+    ``output_weights_`` and predictions are in original units.  A constant input column
     gets γ_j = 0 (its features would not change with it) and ``c`` counts the
     other columns.
 
@@ -185,10 +185,13 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         random_state: seeds ε, b, the validation split and the neighbour queries.
 
     Attributes:
-        coef_: ridge weights ``a`` (D,), in the target's units.
+        output_weights_: ridge weights ``a`` of the D random features (D,), in the target's
+            units.  Not ``coef_``: scikit-learn's ``SelectFromModel`` and ``RFE`` read ``coef_``
+            as one weight per input.
         intercept_: the target mean.
         gamma_: inverse lengthscales γ (d,), on the simplex ``c·Δ``.
-        relevance_: γ / c, non-negative, summing to one (exact zeros: unused inputs).
+        relevance_: γ / c, non-negative, summing to one (exact zeros: unused inputs);
+            ``feature_importances_`` is the same array (what ``SelectFromModel`` reads).
         selected_: indices of the inputs with γ_j > 0.
         alpha_: the λ used; ``alphas_`` the λ tried (the grid up to where
             ``path_patience`` stopped the walk) and ``validation_mse_`` their scores
@@ -327,8 +330,8 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
             self.alphas_ = self.alphas_[: len(scores)]  # the λ walked: the path may stop early
         self.gamma_ = np.zeros(d)
         self.gamma_[varying] = gamma.numpy()
-        self.coef_ = coef.numpy() * y_scale
-        self.relevance_ = self.gamma_ / self.simplex_size_
+        self.output_weights_ = coef.numpy() * y_scale
+        self.relevance_ = self.feature_importances_ = self.gamma_ / self.simplex_size_
         self.selected_ = np.flatnonzero(self.gamma_ > 0)
         return self
 
@@ -354,7 +357,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
     # -- prediction ---------------------------------------------------------------------
     def transform_features(self, X) -> np.ndarray:
         """The fitted random features z(x) (n, D)."""
-        check_is_fitted(self, "coef_")
+        check_is_fitted(self, "output_weights_")
         X = validate_data(self, X, dtype=np.float64, reset=False)
         xs = (X - self.x_mean_) / self.x_scale_
         phases = (xs * self.gamma_) @ self.random_weights_.T + self.random_offset_
@@ -362,4 +365,4 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
 
     def predict(self, X) -> np.ndarray:
         """f(x) = z(x)ᵀa + intercept, in the target's units."""
-        return self.transform_features(X) @ self.coef_ + self.intercept_
+        return self.transform_features(X) @ self.output_weights_ + self.intercept_
