@@ -298,7 +298,8 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
     ``selected_`` (indices of inputs with relevance above the threshold),
     ``input_scales_`` (``|λ|`` in the input's own units: an inverse lengthscale),
     ``output_weights_``/``intercept_`` (β, b₀; not ``coef_``, which those read as
-    one weight per input), ``validation_loss_`` (per epoch),
+    one weight per input), ``validation_loss_`` (per epoch; with
+    ``validation_fraction=0`` the training loss, there being no validation rows),
     ``best_epoch_`` (the epoch restored), ``n_random_features_``.
 
     Example:
