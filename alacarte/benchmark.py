@@ -14,7 +14,7 @@ Protocol as in the À la carte paper: inputs standardised on the training
 split, RMSE in the target's original units, the same number of basis functions
 for every method of a dataset, and exact RBF/ARD GPs only below 2000 training
 points — above that the ``exact-*`` methods run as Fastfood expansions of the
-same kernels (the row's ``model`` column says which).
+same kernels (the row's ``model`` column says which). ::
 
     alacarte bench run --datasets yacht energy --methods gm pwl --splits 0-9 --csv uci.csv
     alacarte bench report --csv uci.csv --out uci.md
@@ -60,6 +60,7 @@ FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "trai
 # The numbers the report reads from every finished row, and how each parses.
 _REPORTED_NUMBERS = {"split": int, "max_iter": int, "rmse": float, "train_seconds": float, "peak_rss_mb": float}
 _REPORTED_FIELDS = ("dataset", "method", *_REPORTED_NUMBERS)
+#: The methods a run can be given (``--methods``), in the order of the report's columns.
 METHODS = ("exact-rbf", "exact-ard", "fastfood-rbf", "fastfood-ard", "fsard", "fsgbard", "gm", "pwl", "ssgpr", "rks")
 # (the names of alacarte.factory.KERNEL_NAMES, in the order of the report's columns)
 ALACARTE_METHODS = ("fsard", "fsgbard", "gm", "pwl")
@@ -422,6 +423,26 @@ def parse_splits(text: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``alacarte bench run``: fit every pending (dataset, split, method) cell, one process each.
+
+    Cells already in ``args.csv`` at the same settings are skipped; the others run
+    ``args.workers`` at a time and append their rows as they finish.
+
+    Args:
+        args: the options of ``alacarte bench run`` (``datasets``, ``methods``, ``splits``,
+            ``csv``, ``data``, ``num_samples``, ``components``, ``max_iter``, ``restarts``,
+            ``restart_iter``, ``workers``, ``threads``, ``device``, ``noise_floor``,
+            ``time_budget``, ``limit``, ``quiet``), as :func:`main` parses them.
+
+    Returns:
+        The exit status, 1 if any cell failed (it is not written, and runs again on the
+        next run), else 0.  A cell stopped at ``time_budget`` is written as ``timeout``, not a failure.
+
+    Raises:
+        ValueError: before any cell starts, for an unknown method or dataset, splits outside
+            0..9, a setting every cell would fail on, a missing ``data`` folder or ``csv`` folder,
+            or a ``csv`` that is not a results file.
+    """
     from .datasets.uci import canonical_name
 
     unknown = [m for m in args.methods if m not in METHODS]
@@ -754,6 +775,20 @@ def _results(path: str) -> list[dict]:
 
 
 def report(args: argparse.Namespace) -> str:
+    """``alacarte bench report``: a markdown table of results beside the paper's Table 1.
+
+    Args:
+        args: the options of ``alacarte bench report``: ``csv`` (a list of results files),
+            ``paper`` (the paper's table as CSV), ``out`` (a file to write the table to, or
+            ``None``) and ``command`` (the run command quoted at the top, or ``None``).
+
+    Returns:
+        The markdown text (also written to ``args.out`` if given).
+
+    Raises:
+        ValueError: if a file is missing or not a results file, holds no results, a number
+            the report reads is not one, or a cell appears twice.
+    """
     every_row = [(path, r) for path in args.csv for r in _results(path)]
     if not every_row:
         raise ValueError(f"{', '.join(args.csv)} hold(s) no results yet: run `alacarte bench run` first")

@@ -104,6 +104,19 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[list
     Every cell must be a finite number; the first offending cell is named in
     the ``ValueError`` (line and column).  With ``columns``, only those are read,
     in that order (the array is (n, len(columns))), and the others may hold anything.
+
+    Args:
+        path: the CSV file (UTF-8, an optional byte-order mark, comma-separated).
+        columns: the names of the columns to read, in this order (default: every column).
+
+    Returns:
+        Every name of the header row (all of them, also with ``columns``), stripped of
+        surrounding spaces, and the values read.
+
+    Raises:
+        ValueError: if the file is missing, unreadable or empty, lacks one of ``columns``,
+            has duplicate or empty names among the columns read, a row with another number of
+            fields than the header, or a cell read that is not a finite number.
     """
     path = Path(path)
     try:
@@ -336,7 +349,6 @@ def _add_plot(commands, common) -> None:
     cmd.set_defaults(run=_plot)
 
 
-#: The subcommands, in the order ``alacarte --help`` lists them.
 def _add_bench(commands, common) -> None:
     from .benchmark import add_arguments
 
@@ -347,10 +359,14 @@ def _add_bench(commands, common) -> None:
     cmd.set_defaults(run=lambda args: args.bench(args))
 
 
+#: The subcommands, in the order ``alacarte --help`` lists them.  Each adds its parser to
+#: ``(commands, common)`` (the subparsers and the shared ``-q``/``--json`` options) and sets ``run``
+#: to the function that carries the command out.
 COMMANDS: list[Callable] = [_add_demo, _add_fit, _add_predict, _add_plot, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``alacarte`` argument parser, one subcommand per entry of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(prog="alacarte", description="À la carte Gaussian-process kernels.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -362,6 +378,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``alacarte`` command line.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The command's exit status (0 on success; ``bench run`` returns 1 if a cell failed),
+        or 2 after a ``ValueError``, ``OSError`` or ``ImportError``, printed as one line
+        ``alacarte: error: ...`` on stderr.  A usage error exits (``SystemExit(2)``) as
+        argparse does.
+    """
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

@@ -67,6 +67,8 @@ __all__ = [
     "streamed_negative_mll",
 ]
 
+#: Bytes one evaluation of a streamed fit may use for features when neither ``chunk_size`` nor
+#: ``memory_budget`` is given (256 MiB).
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 # Rows gathered from the first chunks for the data-driven initialisation of restarts.
 _INIT_ROWS = 10_000

@@ -32,6 +32,7 @@ import numpy as np
 
 __all__ = ["UCISplit", "load_uci", "list_uci", "cache_dir", "UCI_NUM_SPLITS"]
 
+#: Train/test splits per dataset (the ``split`` of :func:`load_uci` is one of ``0 … UCI_NUM_SPLITS − 1``).
 UCI_NUM_SPLITS = 10
 ENV_VAR = "ALACARTE_DATA"
 URL_ENV_VAR = "ALACARTE_UCI_URL"
