@@ -45,7 +45,7 @@ _CHUNK_BYTES = 32 * 2**20
 
 
 class Prediction(NamedTuple):
-    """Predictive moments in the targets' original units.
+    """Predictive moments in the targets' original units, each of shape ``(*batch, m)`` for m test points.
 
     ``variance`` (latent f*) and ``observed_variance`` (y* = f* + noise) are
     ``None`` when only the mean was asked for.
@@ -214,6 +214,14 @@ class _StandardizedGP(ExactGP):
             x: test inputs (m, d), tensor or array.
             mean_only: skip the variances (cheaper).
             chunk_size: rows per chunk; default from a 32 MiB feature budget.
+
+        Returns:
+            The :class:`~alacarte.models.Prediction` (mean, variance, observed_variance).
+
+        Raises:
+            ValueError: if the model has no training data (nor, for a FeatureGP, a cached
+                posterior), ``x`` has NaN/inf or another number of columns, or a row lies so far
+                outside the training data that its prediction overflows.
         """
         if not self._has_data():
             raise ValueError(
@@ -327,6 +335,18 @@ class FeatureGP(_StandardizedGP):
         GPyTorch's version updates the prediction cache of its own eval path, which a
         FeatureGP does not use (it raised "Call the model on some data first!" whatever
         was called); here the weight posterior is recomputed from the n + m rows.
+
+        Args:
+            inputs: fantasy inputs ``(..., m, d)``, in the internal (standardised) units.
+            targets: fantasy targets ``(..., m)``, internal units; leading dimensions
+                broadcast with the training targets'.
+
+        Returns:
+            The conditioned copy; this model is left as it is.
+
+        Raises:
+            ValueError: for other shapes, NaN/inf, any keyword argument, or a model whose posterior
+                was streamed by :meth:`cache_posterior` (it holds no rows to add to).
         """
         if kwargs:
             raise ValueError(f"FeatureGP.get_fantasy_model takes no {sorted(kwargs)}: the likelihood is "
@@ -395,6 +415,21 @@ class FeatureGP(_StandardizedGP):
         and drops any training tensors it held, so :meth:`predict` and
         :meth:`sample_functions` use this posterior until the next training.
 
+        Args:
+            x, y: the data, as for :class:`~alacarte.streaming.ChunkedData`: ``x`` (n, d) and
+                ``y`` (n,), or ``x`` a re-iterable of ``(x_c, y_c)`` chunks and ``y=None``.
+            chunk_size: rows per chunk (default: from ``memory_budget``).
+            memory_budget: bytes one evaluation may use for features (default 256 MiB); give at
+                most one of ``chunk_size`` and ``memory_budget``.
+            statistics_dtype: dtype in which ΦᵀΦ, Φᵀr and rᵀr are summed (default: the model's).
+
+        Returns:
+            The posterior now cached (also :meth:`posterior`).
+
+        Raises:
+            ValueError: for data that ``ChunkedData`` refuses (NaN/inf, wrong shapes, no rows,
+                both ``chunk_size`` and ``memory_budget``, …).
+
         Example:
             >>> import numpy as np
             >>> from alacarte import FeatureGP, FSARDKernel, fit
@@ -440,6 +475,9 @@ class FeatureGP(_StandardizedGP):
         Args:
             num_samples: number of draws k.
             seed: seed of the draws (``None``: torch's global generator).
+
+        Returns:
+            The draws, a callable :class:`~alacarte.models.FunctionSamples`.
 
         Example:
             >>> import torch

@@ -160,7 +160,21 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
 
     @unfitted_on_failure
     def fit(self, X, y) -> "AlaCarteRegressor":
-        """Fit the GP's hyperparameters to (X, y) by maximising the marginal likelihood."""
+        """Fit the GP's hyperparameters to (X, y) by maximising the marginal likelihood.
+
+        Args:
+            X: training inputs (n, d), n ≥ 2, finite.
+            y: training targets (n,), finite and not all equal.
+
+        Returns:
+            The fitted estimator itself.
+
+        Raises:
+            ValueError: for NaN/inf, non-numeric or mismatched data, fewer than 2 rows, constant
+                targets, or an impossible setting (unknown ``kernel`` or ``optimizer``,
+                ``num_samples`` not a multiple of ``num_components``, …).  A failed fit leaves
+                the estimator unfitted.
+        """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         y = float64_targets(y)
         seed = _as_seed(self.random_state)
@@ -198,6 +212,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
 
         Returns:
             ``mean`` or ``(mean, std)`` or ``(mean, cov)``, numpy arrays in the targets' units.
+
+        Raises:
+            RuntimeError: if both ``return_std`` and ``return_cov`` are set (as
+                scikit-learn's ``GaussianProcessRegressor``).
+            ValueError: if ``X`` has NaN/inf or another number of columns than the training inputs.
         """
         if return_std and return_cov:
             raise RuntimeError("At most one of return_std or return_cov can be requested.")
@@ -234,6 +253,15 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         Feature models draw exact weight-space functions
         (:meth:`~alacarte.FeatureGP.sample_functions`, O(D) per point and draw);
         exact GPs draw from the joint posterior over X (O(m³)).
+
+        Args:
+            X: inputs (m, d).
+            n_samples: number of draws, a positive integer.
+            random_state: seed of the draws (an int, ``None`` or a ``numpy.random.RandomState``);
+                the same int gives the same draws.
+
+        Returns:
+            The draws, in the targets' units.
         """
         x = self._test_inputs(X)
         check_positive_int(n_samples, "n_samples")
