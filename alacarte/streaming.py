@@ -80,6 +80,20 @@ def rows_per_chunk(num_features: int, num_dims: int, itemsize: int, memory_budge
     The D×D part (statistics, their adjoints, A and its Cholesky factor, ~5 D²
     numbers) is fixed; each row of a chunk costs its features and their
     gradient plus the feature map's intermediates (~6 D numbers) and its input.
+
+    Args:
+        num_features: the number of features D.
+        num_dims: the input dimension d.
+        itemsize: bytes per number of the model's dtype (4 or 8).
+        memory_budget: bytes one evaluation may use.
+        statistics_itemsize: bytes per number of the statistics' dtype.
+
+    Returns:
+        The rows per chunk, at least 1.
+
+    Raises:
+        ValueError: if ``memory_budget`` is not a positive integer or too small for the D×D
+            part and one row (the message says how much is enough).
     """
     check_positive_int(memory_budget, "memory_budget")
     fixed = 5 * num_features**2 * statistics_itemsize
@@ -424,6 +438,17 @@ def streamed_statistics(model, data: ChunkedData) -> SufficientStatistics:
 
     Pass 1 of the streamed likelihood, and the data a
     :class:`~alacarte.woodbury.WoodburyPosterior` needs: memory O(chunk·D + D²).
+
+    Args:
+        model: a :class:`~alacarte.FeatureGP` with a non-batched kernel; its standardisation
+            and mean are applied to every chunk.
+        data: the rows (original units).
+
+    Returns:
+        The summed :class:`~alacarte.woodbury.SufficientStatistics` (internal units).
+
+    Raises:
+        ValueError: for another model, or a chunk that ``data`` refuses (NaN/inf, wrong shape).
     """
     _check_model(model)
     dtype = data.statistics_dtype or model.input_offset.dtype
@@ -459,6 +484,19 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     Cholesky; memory O(chunk·D + D²).  In data-parallel training the
     statistics are summed with one all-reduce and the parameter gradients with
     another; rank 0's parameters are broadcast before, its loss and gradient after.
+
+    Args:
+        model: a :class:`~alacarte.FeatureGP` with a non-batched kernel.
+        data: the rows (original units).
+        backward: also accumulate the gradient (``False``: the loss alone, one pass).
+
+    Returns:
+        The loss, a 0-d tensor in the statistics' dtype, without autograd history.
+
+    Raises:
+        ValueError: for another model, a chunk that ``data`` refuses, or chunks that read other
+            rows on the second pass than on the first.
+        NotPositiveDefiniteError: if A = ΦᵀΦ + σ²I cannot be factorised.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     # Processes on other CPUs (or BLAS code paths) round differently: left alone, their optimisers
@@ -524,7 +562,15 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
 def as_chunked_data(x, y=None, *, chunk_size: int | None = None, memory_budget: int | None = None,
                     statistics_dtype: torch.dtype | None = None) -> ChunkedData:
     """``x`` itself when it is a :class:`ChunkedData` (then the options belong on it: giving them
-    here is an error, not silently ignored), else a new one over (``x``, ``y``)."""
+    here is an error, not silently ignored), else a new one over (``x``, ``y``).
+
+    Args:
+        x, y, chunk_size, memory_budget, statistics_dtype: as for :class:`ChunkedData`.
+
+    Raises:
+        ValueError: if ``x`` is a ``ChunkedData`` and any other argument is given, or
+            :class:`ChunkedData` refuses the arguments.
+    """
     if isinstance(x, ChunkedData):
         if any(option is not None for option in (y, chunk_size, memory_budget, statistics_dtype)):
             raise ValueError("x is a ChunkedData: set y, chunk_size, memory_budget and statistics_dtype on it")

@@ -122,6 +122,15 @@ def statistics_adjoint(
     ``None``).  A sum over rows, so it applies to any chunk of rows on its own:
     the streamed likelihood calls it once per chunk.  On the CPU the product
     with the symmetric Ā + Āᵀ runs as BLAS ``symm``.
+
+    Args:
+        phi: the rows' features Φ (..., n, D).
+        r: their residuals r (..., n).
+        grad_gram, grad_phi_r, grad_r_r: Ā (..., D, D), b̄ (..., D) and c̄ (...), or ``None`` for a zero adjoint.
+        need_grad_r: also compute ∂L/∂r (``False`` skips it and returns ``None`` in its place).
+
+    Returns:
+        (∂L/∂Φ, ∂L/∂r), shaped as ``phi`` and ``r``; ``None`` where every adjoint it depends on is.
     """
     grad_phi = grad_r = None
     if grad_gram is not None:
@@ -162,7 +171,14 @@ class SufficientStatistics:
 
 
 def sufficient_statistics(phi: Tensor, r: Tensor) -> SufficientStatistics:
-    """Statistics of features Φ (..., n, D) and residuals r (..., n)."""
+    """Statistics of features Φ (..., n, D) and residuals r (..., n).
+
+    Differentiable in Φ and r (with the closed-form adjoint of :func:`statistics_adjoint`);
+    leading batch dimensions broadcast.
+
+    Raises:
+        ValueError: if ``phi`` is not (..., n, D) with one residual per row.
+    """
     _check_rows(phi, r)
     batch = torch.broadcast_shapes(phi.shape[:-2], r.shape[:-1])
     if phi.shape[:-2] != batch:
@@ -208,6 +224,17 @@ def cholesky_with_jitter(a: Tensor, max_tries: int = 6) -> Tensor:
     inputs with a tiny noise in float32), jitter ``c·mean(diag A)`` is added,
     with c growing tenfold from the dtype's epsilon, and a warning says how much
     (inside :func:`collect_jitter` the amount is recorded instead).
+
+    Args:
+        a: symmetric positive-definite matrices (..., D, D).
+        max_tries: jitters tried (10ε, 100ε, …) after the plain factorisation fails.
+
+    Returns:
+        The lower-triangular factor L, A (+ jitter) = L Lᵀ.
+
+    Raises:
+        NotPositiveDefiniteError: if every jitter fails too (non-finite entries, or a noise far
+            too small for the dtype).
     """
     factor, info = torch.linalg.cholesky_ex(a)
     if not bool((info != 0).any()):
@@ -263,6 +290,12 @@ def negative_log_marginal_likelihood(stats: SufficientStatistics, noise: Tensor)
         stats: ΦᵀΦ, Φᵀr, rᵀr, n.
         noise: σ², shape broadcastable to the batch shape of the statistics.
 
+    Returns:
+        −log p(y), of the statistics' batch shape; differentiable in the statistics and σ².
+
+    Raises:
+        NotPositiveDefiniteError: if σ² ≤ 0, or A = ΦᵀΦ + σ²I cannot be factorised even with jitter.
+
     Example:
         >>> import torch
         >>> from alacarte.woodbury import negative_log_marginal_likelihood, sufficient_statistics
@@ -294,6 +327,13 @@ def negative_log_marginal_likelihood_of_rows(phi: Tensor, r: Tensor, noise: Tens
         phi: features (..., n, D).
         r: residuals y − μ, (..., n).
         noise: σ², broadcastable to the batch shape.
+
+    Returns:
+        −log p(y), of the batch shape; differentiable in Φ, r and σ².
+
+    Raises:
+        ValueError: if ``phi`` is not (..., n, D) with one residual per row.
+        NotPositiveDefiniteError: if σ² ≤ 0, or K cannot be factorised even with jitter.
     """
     _check_rows(phi, r)
     noise = torch.as_tensor(noise, dtype=phi.dtype, device=phi.device)
@@ -437,6 +477,13 @@ class WoodburyPosterior:
     Holds L = chol(A) and the mean weights; predictions cost O(D²) per point:
 
         mean = μ + φ*ᵀA⁻¹Φᵀr,   var f* = σ²‖L⁻¹φ*‖²,   var y* = var f* + σ².
+
+    Args:
+        stats: the training rows' ΦᵀΦ, Φᵀr, rᵀr and n (:func:`sufficient_statistics`).
+        noise: σ² > 0, broadcastable to the statistics' batch shape.
+
+    Raises:
+        NotPositiveDefiniteError: if σ² ≤ 0, or A cannot be factorised even with jitter.
     """
 
     def __init__(self, stats: SufficientStatistics, noise: Tensor):
