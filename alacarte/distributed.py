@@ -79,7 +79,19 @@ def init(timeout: float = 300.0, backend: str | None = None) -> None:
 
 def shard(num_rows: int, rank: int | None = None, world_size: int | None = None) -> slice:
     """The contiguous block of ``num_rows`` rows that process ``rank`` of ``world_size`` holds
-    (defaults: this process in the default group); sizes differ by at most one, and none is empty."""
+    (defaults: this process in the default group); sizes differ by at most one, and none is empty.
+
+    Args:
+        num_rows: the number of rows of the whole dataset.
+        rank: the process's rank (default: ``torch.distributed.get_rank()``).
+        world_size: the number of processes (default: ``torch.distributed.get_world_size()``).
+
+    Returns:
+        The slice of this process's rows, e.g. ``x[shard(len(x))]``.
+
+    Raises:
+        ValueError: if ``rank`` is not in ``0 … world_size − 1`` or there are fewer rows than processes.
+    """
     rank = dist.get_rank() if rank is None else rank
     world_size = dist.get_world_size() if world_size is None else world_size
     check_nonnegative_int(num_rows, "num_rows")
@@ -119,6 +131,15 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     and buffer (bar the standardisation, which :func:`fit` sets from all
     rows).  With gloo, a monitored barrier first names any process that does
     not arrive within ``timeout`` seconds.
+
+    Args:
+        model: the model every process is about to train.
+        group: the ``torch.distributed`` process group (default: the default group).
+        timeout: seconds the gloo barrier waits (default: the group's timeout).
+
+    Raises:
+        ValueError: if ``torch.distributed`` is not initialised, or the processes' models
+            differ (seed, number or values of parameters and buffers); every process raises.
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("torch.distributed is not initialised: call alacarte.distributed.init() first")
@@ -185,11 +206,28 @@ def fit(
     streamed as in :func:`alacarte.fit`).  After
     :func:`check_identical_state`, statistics and gradients are summed over
     the processes, so every process takes the same steps and ends with the
-    same parameters and posterior (over all rows).  Restarts initialise from
-    rank 0's first rows.  The progress bar shows on rank 0 only.  Every process
+    same parameters and posterior (over all rows).  Restarts take their
+    lengthscales from rank 0's first rows and the mean, noise and signal variance
+    from all the processes' targets.  The progress bar shows on rank 0 only.  Every process
     first reads its rows once, so that bad rows on any process (non-finite
     values, another column count, none at all) make every process raise a
     ``ValueError``.
+
+    Args:
+        model: a :class:`~alacarte.FeatureGP`, built alike (same ``seed``) on every process.
+        x, y: this process's rows, as for :func:`alacarte.fit`.
+        group: the ``torch.distributed`` process group (default: the default group).
+        chunk_size, memory_budget, statistics_dtype: as for :class:`~alacarte.streaming.ChunkedData`.
+        **fit_kwargs: the other options of :func:`alacarte.fit` (``max_iter``, ``restarts``,
+            ``checkpoint`` …); ``progress`` defaults to rank 0 only.
+
+    Returns:
+        The :class:`~alacarte.training.FitHistory`, the same on every process.
+
+    Raises:
+        ValueError: on every process, if the models differ, any process's rows are refused
+            (non-finite values, another column count, none at all), or :func:`alacarte.fit`
+            refuses an option.
 
     Example (inside a ``torchrun`` script, see the module docstring)::
 
