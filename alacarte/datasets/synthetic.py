@@ -14,7 +14,19 @@ __all__ = ["make_se1", "make_se2", "make_se3", "make_rosasco", "rosasco_split"]
 
 
 def make_se1(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    """SE1, d = 18: y = sin((x₁ + x₃)²)·sin(x₇x₈x₉) + N(0, 0.1²), x ~ N(0, I)."""
+    """SE1, d = 18: y = sin((x₁ + x₃)²)·sin(x₇x₈x₉) + N(0, 0.1²), x ~ N(0, I).
+
+    Args:
+        n: number of points, a positive integer.
+        seed: seed of the draws, an integer in [0, 2⁶⁴) or ``None`` (fresh entropy).
+
+    Returns:
+        ``(x, y, relevant)``: inputs (n, d), targets (n,), and the 0-based indices of the
+        inputs ``y`` depends on.
+
+    Raises:
+        ValueError: for another ``n`` or ``seed``.
+    """
     check_positive_int(n, "n")
     rng = np.random.default_rng(check_seed(seed))
     x = rng.standard_normal((n, 18))
@@ -23,7 +35,19 @@ def make_se1(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, 
 
 
 def make_se2(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    """SE2, d = 100: y = log((x₁₁ + … + x₁₅)²) + N(0, 0.1²), x ~ N(0, I)."""
+    """SE2, d = 100: y = log((x₁₁ + … + x₁₅)²) + N(0, 0.1²), x ~ N(0, I).
+
+    Args:
+        n: number of points, a positive integer.
+        seed: seed of the draws, an integer in [0, 2⁶⁴) or ``None`` (fresh entropy).
+
+    Returns:
+        ``(x, y, relevant)``: inputs (n, d), targets (n,), and the 0-based indices of the
+        inputs ``y`` depends on.
+
+    Raises:
+        ValueError: for another ``n`` or ``seed``.
+    """
     check_positive_int(n, "n")
     rng = np.random.default_rng(check_seed(seed))
     x = rng.standard_normal((n, 100))
@@ -36,7 +60,19 @@ def make_se3(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, tuple[int, 
     (x = z + N(0, 0.1²)), y = 10(z₁² + z₂²)·exp(−2(z₁² + z₂²)) + N(0, 0.01²).
 
     The paper's Table 1 writes z₃ for z₂; its text (the copies of z₁ and z₂ are
-    the 10 relevant inputs) is followed here (docs/mathematics.md §8)."""
+    the 10 relevant inputs) is followed here (docs/mathematics.md §8).
+
+    Args:
+        n: number of points, a positive integer.
+        seed: seed of the draws, an integer in [0, 2⁶⁴) or ``None`` (fresh entropy).
+
+    Returns:
+        ``(x, y, relevant)``: inputs (n, d), targets (n,), and the 0-based indices of the
+        inputs ``y`` depends on.
+
+    Raises:
+        ValueError: for another ``n`` or ``seed``.
+    """
     check_positive_int(n, "n")
     rng = np.random.default_rng(check_seed(seed))
     z = rng.standard_normal((n, 200))
@@ -73,7 +109,20 @@ def make_rosasco(
     plus Gaussian noise whose variance is ``noise_fraction`` times the average
     output magnitude E|f| over the domain (the paper: "a small fraction of the
     average output"; it gives no number, 1% is our choice, and the magnitude
-    because the plain average E f is 0 for f3)."""
+    because the plain average E f is 0 for f3).
+
+    Args:
+        function: ``"f1"``, ``"f2"`` or ``"f3"``.
+        n: number of points, a positive integer.
+        seed: seed of the draws, an integer in [0, 2⁶⁴) or ``None`` (fresh entropy).
+        noise_fraction: the noise variance over E|f|, ≥ 0 (0: no noise).
+
+    Returns:
+        ``(x, y, relevant)``: inputs (n, 6), targets (n,) and ``(0, 1)``.
+
+    Raises:
+        ValueError: for an unknown ``function``, or another ``n``, ``seed`` or ``noise_fraction``.
+    """
     _check_function(function)
     check_positive_int(n, "n")
     noise_fraction = check_real(noise_fraction, "noise_fraction", 0, include_low=True)
@@ -89,7 +138,18 @@ def rosasco_split(function: str, seed: int = 0, n_train: int = 80, n_validation:
     """The paper's protocol: independent train (80), validation (200) and test
     (200) sets; returns ``{"train": (x, y), "validation": ..., "test": ...}``.
     The test set depends only on ``function`` (the paper keeps it fixed across
-    replications); train and validation sets change with ``seed``."""
+    replications); train and validation sets change with ``seed``.
+
+    Args:
+        function: ``"f1"``, ``"f2"`` or ``"f3"``.
+        seed: seed of the train and validation draws (not the one that draws the test set).
+        n_train, n_validation, n_test: the sets' sizes, positive integers.
+        noise_fraction: as for :func:`make_rosasco`.
+
+    Raises:
+        ValueError: for an unknown ``function``, a bad size or seed, or the seed of the fixed
+            test set (10 000, 10 001, 10 002 for f1, f2, f3).
+    """
     for value, name in ((n_train, "n_train"), (n_validation, "n_validation"), (n_test, "n_test")):
         check_positive_int(value, name)
     # checked here, not only in make_rosasco: seed=[10_000] seeds numpy as 10_000 does, and would

@@ -54,7 +54,14 @@ PAPER_NAMES = {
 
 @dataclass(frozen=True)
 class UCISplit:
-    """One train/test split, float64 arrays; targets in the files' units."""
+    """One train/test split, float64 arrays; targets in the files' units.
+
+    Attributes:
+        name: the dataset's folder name (``"pol"`` for "Pole Tele").
+        split: the split's index, 0 … 9.
+        x_train, y_train: training inputs (n, d) and targets (n,).
+        x_test, y_test: test inputs (m, d) and targets (m,).
+    """
 
     name: str
     split: int
@@ -180,6 +187,13 @@ def load_uci(name: str, split: int, data_dir: str | os.PathLike | None = None) -
         split: 0 … 9, the paper's standard splits.
         data_dir: the data folder; default ``$ALACARTE_DATA``, else the user cache
             (:func:`~alacarte.datasets.uci.cache_dir`), downloading and checksumming missing files.
+
+    Returns:
+        The :class:`~alacarte.datasets.UCISplit`.
+
+    Raises:
+        ValueError: for an unknown dataset, a split outside 0 … 9, a missing ``data_dir``, a
+            file missing or failing its checksum, or a download that fails.
 
     Example:
         >>> from alacarte import load_uci
