@@ -49,7 +49,14 @@ def padded_dim(num_dims: int) -> int:
 
 @dataclass
 class FastfoodState:
-    """Random Fastfood state for ``K`` blocks of size ``p`` (numpy, float64)."""
+    """Random Fastfood state for ``K`` blocks of size ``p`` (numpy, float64).
+
+    Attributes:
+        sign: ``(*batch, K, p)``, entries ±1 (B).
+        perm: ``(*batch, K, p)``, a permutation of ``range(p)`` per block (Π), integers.
+        gauss: ``(*batch, K, p)``, N(0, 1) draws (G).
+        radius: ``(*batch, M)``, χ_p draws (the row lengths s).
+    """
 
     sign: np.ndarray  # (*batch, K, p), entries ±1 (B)
     perm: np.ndarray  # (*batch, K, p), a permutation of range(p) per block (Π)
@@ -64,6 +71,15 @@ def draw_fastfood_state(
 
     The same ``(num_dims, num_samples, batch_shape, seed)`` gives bit-identical
     state on every machine and process (numpy's PCG64 stream).
+
+    Args:
+        num_dims: input dimension d (the blocks have size p = :func:`padded_dim` (d)).
+        num_samples: number of frequencies M; K = ceil(M / p) blocks.
+        batch_shape: leading batch dimensions of every array.
+        seed: seed of numpy's generator.
+
+    Returns:
+        The :class:`FastfoodState`.
     """
     p = padded_dim(num_dims)
     blocks = -(-num_samples // p)
@@ -81,6 +97,10 @@ def row_scale(gauss: Tensor, radius: Tensor) -> Tensor:
 
     Every row of ``H G_k Π_k H B_k`` has norm ``sqrt(p) ‖g_k‖`` (for ±1 signs), so
     row i of ``V`` then has length ``s_i``.
+
+    Args:
+        gauss: the blocks' Gaussians G, ``(*batch, K, p)``.
+        radius: the row lengths s, ``(*batch, M)`` with M ≤ K·p.
     """
     p = gauss.shape[-1]
     num_samples = radius.shape[-1]
@@ -266,6 +286,11 @@ def fastfood_matrix(sign: Tensor, perm: Tensor, gauss: Tensor, radius: Tensor, n
 
     Differentiable in ``sign``, ``gauss`` and ``radius``.  Computed as the
     projection of the ``d×d`` identity, O(d M log p).
+
+    Args:
+        sign, perm, gauss: block state ``(*batch, K, p)``.
+        radius: row lengths ``s``, ``(*batch, M)``.
+        num_dims: the input dimension d ≤ p.
     """
     return _fastfood_matrix_t(sign, perm, gauss, radius, num_dims).transpose(-1, -2)
 
@@ -307,6 +332,9 @@ def fastfood_project(
 
     Returns:
         projections of shape (..., n, M).
+
+    Raises:
+        ValueError: if d exceeds the block size p, or for an unknown ``strategy``.
     """
     num_dims = x.shape[-1]
     p = sign.shape[-1]

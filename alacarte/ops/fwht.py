@@ -68,7 +68,11 @@ def _blockdiag_cached(p: int, width: int, dtype: torch.dtype, device: torch.devi
 
 
 def hadamard_matrix(p: int, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> Tensor:
-    """The dense p×p Sylvester Hadamard matrix (for small blocks and tests only)."""
+    """The dense p×p Sylvester Hadamard matrix (for small blocks and tests only).
+
+    Raises:
+        ValueError: if ``p`` is not a power of two.
+    """
     _check_power_of_two(p)
     return _hadamard_cached(p, dtype, torch.device(device)).clone()
 
@@ -141,6 +145,17 @@ def plan_for(p: int, dtype: torch.dtype = torch.float32, scheme: str = "auto") -
     (16 columns wide for ``p < 16``); larger ``p`` is ``H_16`` as a GEMM,
     then ``H_16`` / ``H_8`` batched GEMMs on the top bit groups while at least 128
     trailing columns remain, then radix-2 stages for the bits in between.
+
+    Args:
+        p: the transform size, a power of two.
+        dtype: the data's dtype; the rule does not depend on it (the same plan for every dtype).
+        scheme: ``"auto"`` (the rule above) or one of :data:`SCHEMES`.
+
+    Returns:
+        The steps, a tuple of the tuples above (empty for ``p = 1``).
+
+    Raises:
+        ValueError: if ``p`` is not a power of two, or for an unknown ``scheme``.
     """
     _check_power_of_two(p)
     if scheme == "auto":
