@@ -42,7 +42,16 @@ _QUANTILE_RANGE = (0.1, 0.9)
 
 
 def pair_distances(x: Tensor, rng: np.random.Generator, num_pairs: int = _NUM_PAIRS) -> Tensor:
-    """``|x_i − x_k|`` per dimension for random pairs i ≠ k, shape (num_pairs, d)."""
+    """``|x_i − x_k|`` per dimension for random pairs i ≠ k, shape (num_pairs, d).
+
+    Args:
+        x: the rows (n, d).
+        rng: the generator the pairs are drawn from (with replacement).
+        num_pairs: the number of pairs.
+
+    Returns:
+        The distances; a single row of ones when n < 2 (no pair exists).
+    """
     n = x.shape[0]
     if n < 2:
         return torch.ones(1, x.shape[1], dtype=x.dtype, device=x.device)
@@ -109,17 +118,35 @@ def set_noise(model, variance: float) -> None:
     """Set σ², raised to twice its constraint's lower bound if below it (GPyTorch refuses
     values under the bound; unstandardised targets of tiny scale give such values), or moved
     inside an upper bound the user set (below 0.1, the noise refit's start raised a RuntimeError
-    after the whole fit had run)."""
+    after the whole fit had run).
+
+    Args:
+        model: a model whose ``likelihood`` is a ``GaussianLikelihood``.
+        variance: the noise variance σ² to set, in the model's internal units.
+    """
     _set(model.likelihood.noise_covar, "noise", variance)
 
 
 @torch.no_grad()
 def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int = 0,
                standardized: bool = False, target_moments: tuple[float, float] | None = None) -> None:
-    """Set ``model``'s trainable hyperparameters from its training data; ``standardized``: the
-    targets were standardised, so their variance is 1 (exactly, not its round-off estimate);
-    ``target_moments``: the mean and variance of all the targets where ``(x, y)`` are only some of
-    the rows (streamed data: the first ones, which need not be typical); default ``y``'s own."""
+    """Set ``model``'s trainable hyperparameters from its training data (see the module's rules).
+
+    Args:
+        model: a :class:`~alacarte.FeatureGP` or :class:`~alacarte.ExactRBFGP`.
+        x, y: training rows (n, d) and targets (n,) in the model's internal units.
+        rng: the generator of every random choice (pairs, quantiles, GM means, PWL modes).
+        restart: the restart's index; restart 0 takes the median distance, later ones a random
+            quantile in [0.1, 0.9].
+        standardized: the targets were standardised, so the signal variance starts at 1
+            (exactly, not its round-off estimate).
+        target_moments: the mean and variance of all the targets where ``(x, y)`` are only some
+            of the rows (streamed data: the first ones, which need not be typical); default ``y``'s own.
+
+    Raises:
+        ValueError: if the targets' variance is 0 or overflows, or the kernel has no
+            data-driven initialisation (a user-defined :class:`~alacarte.FeatureKernel`).
+    """
     frozen = [(p, p.detach().clone()) for p in model.parameters() if not p.requires_grad]
     _initialize(model, x, y, rng, restart, standardized, target_moments)
     for parameter, value in frozen:
