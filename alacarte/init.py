@@ -172,6 +172,11 @@ def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: 
         _set(base, "lengthscale", _lengthscales(diffs, _draw_quantile(rng, restart), ard))
         _set(kernel, "outputscale", signal)
         return
+    # Refused before anything is set: a kernel of the user's own has none of the parameters below (a
+    # FeatureKernel subclass without a lengthscale raised AttributeError on raw_lengthscale).
+    if not isinstance(kernel, (FastfoodRBFKernel, RandomFourierKernel, SSGPRKernel, SpectralMixtureFastfoodKernel,
+                               PiecewiseLinearRadialKernel)):
+        raise ValueError(f"no data-driven initialisation for {type(kernel).__name__}; use restarts=0")
     if kernel.has_outputscale:
         _set(kernel, "outputscale", signal)
     # simplex kernels too: per-input scales give π a different start at each restart
@@ -198,5 +203,3 @@ def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: 
         _set(kernel, "modes", math.sqrt(padded_dim(kernel.num_dims)) * torch.as_tensor(rng.uniform(0.5, 1.5, size=c)))
         _set(kernel, "width_ratios", 0.5)
         _set(kernel, "weights", signal / c)
-    elif not isinstance(kernel, (FastfoodRBFKernel, RandomFourierKernel)):
-        raise ValueError(f"no data-driven initialisation for {type(kernel).__name__}; use restarts=0")

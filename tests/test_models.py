@@ -287,6 +287,22 @@ def test_fit_rejects_bad_settings():
         FeatureGP(None, None, FSARDKernel(3, 8), gpytorch.likelihoods.FixedNoiseGaussianLikelihood(torch.ones(3)))
 
 
+def test_a_kernel_of_the_users_own_needs_restarts_0_and_says_so():
+    """Restarts initialise only alacarte's kernels: a FeatureKernel subclass without a lengthscale (the
+    documented extension, :meth:`projection` alone) raised AttributeError ('raw_lengthscale') instead of
+    the ValueError that names restarts=0; with restarts=0 it trains."""
+    from alacarte import FeatureKernel
+
+    class Linear(FeatureKernel):
+        def projection(self, x):
+            return x @ torch.ones(x.shape[-1], self.num_samples, dtype=x.dtype)
+
+    x, y = toy_data()
+    with pytest.raises(ValueError, match="no data-driven initialisation for Linear; use restarts=0"):
+        fit(FeatureGP(None, None, Linear(x.shape[1], 4)), x, y, max_iter=2, progress=False)
+    fit(FeatureGP(None, None, Linear(x.shape[1], 4)), x, y, max_iter=2, restarts=0, progress=False)
+
+
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_fit_improves_and_is_deterministic(optimizer):
     x, y = toy_data()
