@@ -73,10 +73,25 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
                   input_scale: Tensor | np.ndarray | None = None) -> Axes | np.ndarray:
     """Draw ``kernel``'s spectral density; returns the axes (one per panel for GM, titled ``names``).
 
-    ``input_scale``: the units of the data per unit of the kernel's input — a model's
-    ``input_scale``, since it standardises x before its kernel sees it. GM's frequencies are
-    then drawn per unit of the data's columns (ω / s, density × s); without it, per unit
-    of the kernel's input. (The radial pictures are of ARD-scaled inputs, free of units.)"""
+    Args:
+        kernel: a GM, PWL or Fastfood RBF kernel (FSARD, FSGBARD, Fastfood ARD or isotropic),
+            without batch shape.
+        ax: where to draw (default: a new figure).  GM draws one panel per input, for the
+            first 8 inputs at most, and needs that many axes.
+        names: the inputs' names, one per input (default: ``input 0``, ``input 1``, …).
+        input_scale: the units of the data per unit of the kernel's input — a model's
+            ``input_scale``, since it standardises x before its kernel sees it. GM's frequencies are
+            then drawn per unit of the data's columns (ω / s, density × s); without it, per unit
+            of the kernel's input. (The radial pictures are of ARD-scaled inputs, free of units.)
+
+    Returns:
+        The axes drawn in: one, or for GM a numpy array of them.
+
+    Raises:
+        ValueError: for another kernel, a batched one, ``names`` of another length, too few
+            axes, or an ``input_scale`` that is not d positive finite numbers.
+        ImportError: if matplotlib is not installed (``pip install 'alacarte[plot]'``).
+    """
     _check_names(kernel, names)
     plt = _pyplot()
     if len(kernel.batch_shape):
@@ -90,7 +105,10 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
         if ax is None:
             _, ax = plt.subplots(1, dims, figsize=(3 * dims, 2.6), squeeze=False)
             ax = ax[0]
-        ax = np.atleast_1d(ax)
+        ax = np.atleast_1d(ax).ravel()  # (a grid from plt.subplots(2, 2) too)
+        if ax.size < dims:  # one Axes for a GM kernel of d ≥ 2 inputs failed with an IndexError at ax[1]
+            raise ValueError(f"a GM spectrum is drawn in one panel per input (at most {_MAX_PANELS}): ax must hold "
+                             f"{dims} axes, got {ax.size}; or leave ax=None")
         for j in range(dims):
             span = np.abs(mu[:, j]).max() + 4 * sigma[:, j].max()
             omega = np.linspace(-span, span, 400)
@@ -128,7 +146,13 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
 
 
 def plot_relevance(kernel: FeatureKernel, ax: Axes | None = None, names: list[str] | None = None) -> Axes:
-    """Bar plot of :func:`relevance`; returns the axes."""
+    """Bar plot of :func:`relevance` (any feature kernel without batch shape); returns the axes.
+
+    Args:
+        kernel: the kernel.
+        ax: where to draw (default: a new figure).
+        names: the inputs' names, one per input (default: their indices).
+    """
     _check_names(kernel, names)
     plt = _pyplot()
     values = relevance(kernel)
@@ -144,8 +168,20 @@ def plot_relevance(kernel: FeatureKernel, ax: Axes | None = None, names: list[st
 
 def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | None = None,
                        names: list[str] | None = None, input_scale: Tensor | np.ndarray | None = None) -> Path:
-    """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``;
-    ``input_scale`` as for :func:`plot_spectrum`."""
+    """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``.
+
+    Args:
+        kernel: a kernel :func:`plot_spectrum` draws.
+        path: the file to write (PNG, whatever its suffix).
+        title: the figure's title (default: the kernel's class name).
+        names, input_scale: as for :func:`plot_spectrum`.
+
+    Returns:
+        ``path``, as a :class:`~pathlib.Path`.
+
+    Raises:
+        ValueError: as :func:`plot_spectrum`; no file is written and no figure left open.
+    """
     plt = _pyplot()
     panels = min(kernel.num_dims, _MAX_PANELS) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
     fig = plt.figure(figsize=(max(6, 3 * panels), 6.2))

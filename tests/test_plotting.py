@@ -78,6 +78,22 @@ def test_gm_spectrum_is_drawn_per_unit_of_the_data_given_the_input_scale():
     plt.close("all")
 
 
+def test_gm_spectrum_in_axes_of_the_users_needs_one_per_input_and_says_so():
+    """One Axes for a GM kernel of 3 inputs raised IndexError (index 1 is out of bounds); a 2×2 grid
+    of axes (plt.subplots(2, 2)) drew each panel into a row of the grid and failed alike."""
+    from alacarte.plotting import plot_spectrum
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    kernel = ac.SpectralMixtureFastfoodKernel(3, 16, num_components=2, seed=0)
+    _, ax = plt.subplots()
+    with pytest.raises(ValueError, match="ax must hold 3 axes, got 1; or leave ax=None"):
+        plot_spectrum(kernel, ax=ax)
+    _, grid = plt.subplots(2, 2)
+    drawn = plot_spectrum(kernel, ax=grid)
+    assert [len(a.get_lines()) for a in drawn] == [1, 1, 1, 0]
+    plt.close("all")
+
+
 def test_figure_is_written_to_the_path_given_even_without_a_suffix(tmp_path):
     """matplotlib appended '.png' to a path without a suffix: 'alacarte plot m --out pic' said
     'saved pic' and wrote pic.png."""
