@@ -307,9 +307,13 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
         metadata: JSON-serialisable extra information (e.g. column names),
             returned by :func:`load_with_metadata`.
 
+    Returns:
+        ``path``, as a :class:`~pathlib.Path`.
+
     Raises:
-        ValueError: the model cannot be rebuilt from a file (a kernel with priors,
-            or with a constraint of another type than its default).
+        ValueError: if ``model`` is of another type or cannot be rebuilt from a file (a kernel
+            with priors, or with a constraint of another type than its default), ``path`` is a
+            directory or in a folder that does not exist, or ``metadata`` is not JSON-serialisable.
     """
     from . import __version__
 
@@ -345,7 +349,14 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP | AlaCarteRegressor, dict[str, Any]]:
-    """:func:`load_model` plus the ``metadata`` given to :func:`save_model`."""
+    """:func:`load_model` plus the ``metadata`` given to :func:`save_model`.
+
+    Returns:
+        ``(model, metadata)``; ``metadata`` is ``{}`` when none was given.
+
+    Raises:
+        ValueError: as for :func:`load_model`.
+    """
     from . import __version__
 
     header, payload = _read(path)
