@@ -48,7 +48,11 @@ def floating_state(module: torch.nn.Module) -> Tensor:
 
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Temporarily set torch's default dtype, so that kernels draw their state in it."""
+    """Temporarily set torch's default dtype, so that kernels draw their state in it.
+
+    Args:
+        dtype: the default dtype inside the ``with`` block; the previous one is restored on exit.
+    """
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -115,6 +119,14 @@ def make_model(
         num_components: mixture components of ``"gm"`` and ``"pwl"`` (must divide ``num_samples``).
         seed: seed of a named kernel's random state.
         dtype: floating dtype of a named model's parameters and state.
+
+    Returns:
+        A :class:`~alacarte.FeatureGP`, or for ``"exact-*"`` an :class:`~alacarte.ExactRBFGP`,
+        without training data (:func:`alacarte.fit` sets it).
+
+    Raises:
+        ValueError: for an unknown name, a kernel object of another input dimension,
+            ``num_components`` that does not divide ``num_samples``, or another bad setting.
 
     Example:
         >>> from alacarte.factory import make_model

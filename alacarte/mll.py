@@ -20,7 +20,12 @@ __all__ = ["WoodburyMarginalLogLikelihood", "homoskedastic_noise"]
 
 
 def homoskedastic_noise(likelihood: GaussianLikelihood) -> Tensor:
-    """σ² of a plain ``GaussianLikelihood``, shape ``(*batch,)``."""
+    """σ² of a plain ``GaussianLikelihood``, shape ``(*batch,)``.
+
+    Raises:
+        ValueError: for any other likelihood (a subclass, ``FixedNoiseGaussianLikelihood`` …):
+            the Woodbury path needs one noise variance for every row.
+    """
     if type(likelihood) is not GaussianLikelihood:
         raise ValueError(
             f"the Woodbury path needs a homoskedastic gpytorch.likelihoods.GaussianLikelihood, "
@@ -99,7 +104,18 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
 
     def from_statistics(self, stats: SufficientStatistics, *params) -> Tensor:
         """The same value from sufficient statistics ΦᵀΦ, Φᵀr, rᵀr, n (summed over chunks
-        or processes, see :mod:`alacarte.streaming`)."""
+        or processes, see :mod:`alacarte.streaming`).
+
+        Args:
+            stats: the statistics of the training rows' features and residuals r = y − μ(x).
+            *params: passed on to the likelihood's and the priors' terms, as for ``forward``.
+
+        Returns:
+            (log p(y) + log priors) / n, of the statistics' batch shape.
+
+        Raises:
+            NotPositiveDefiniteError: if σ² ≤ 0 or A cannot be factorised even with jitter.
+        """
         res = -negative_log_marginal_likelihood(stats, homoskedastic_noise(self.likelihood))
         res = self._add_other_terms(res, params)
         return res.div_(stats.n)

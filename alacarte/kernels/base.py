@@ -272,7 +272,12 @@ class FeatureKernel(Kernel):
         return self.outputscale
 
     def features(self, x: Tensor) -> Tensor:
-        """The feature matrix Φ, (..., n, d) → (..., n, 2M)."""
+        """The feature matrix Φ, (..., n, d) → (..., n, 2M).
+
+        Raises:
+            ValueError: if ``x`` has another number of columns or dtype than the kernel, or a
+                batch shape that does not broadcast with the kernel's.
+        """
         scale = self.feature_scale()
         self._check_inputs(x, scale.dtype)
         return fourier_features(self.projection(x), scale)
@@ -323,6 +328,15 @@ class MixtureFeatureKernel(FeatureKernel):
     :math:`w_c > 0`; its features carry :math:`\sqrt{w_c / M_c}`, so
     ``k(x, x) = Σ w_c`` and there is no separate ``outputscale``.  Random state
     of the components lives in buffers with batch shape ``(*batch_shape, C)``.
+
+    Args:
+        num_dims: input dimension ``d``.
+        num_samples: total number of frequencies ``M``, a multiple of ``num_components``.
+        num_components: the number of components ``C``.
+        weights_prior, weights_constraint: for the weights :math:`w_c` (default constraint:
+            positive; initial value ``1/C`` each).
+        **kwargs: as for :class:`~alacarte.FeatureKernel`, except ``outputscale_prior`` and
+            ``outputscale_constraint`` (there is no outputscale).
     """
 
     has_outputscale = False

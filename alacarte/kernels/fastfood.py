@@ -32,8 +32,18 @@ def register_fastfood_state(
 ) -> Tensor:
     """Draw Fastfood state from ``seed`` and register it on ``module``: ``perm``
     (buffer), ``sign`` and ``gauss`` (buffers, or parameters if ``learn_blocks``).
-    Returns the χ_p radii, shape ``(*batch_shape, num_samples)``, for the caller to
-    register as a buffer or a parameter."""
+
+    Args:
+        module: the module (a kernel) to register the state on.
+        num_dims, num_samples, batch_shape, seed: as for
+            :func:`~alacarte.features.fastfood.draw_fastfood_state`.
+        learn_blocks: register ``sign`` and ``gauss`` as parameters (FSGBARD) rather than buffers.
+
+    Returns:
+        The χ_p radii, shape ``(*batch_shape, num_samples)``, for the caller to register as a
+        buffer or a parameter.  They, ``sign`` and ``gauss`` are in torch's default dtype
+        (see :func:`alacarte.factory.default_dtype`).
+    """
     state = draw_fastfood_state(num_dims, num_samples, batch_shape, seed)
     dtype = torch.get_default_dtype()
     module.register_buffer("perm", torch.as_tensor(state.perm))
@@ -154,6 +164,14 @@ class FastfoodMixtureKernel(MixtureFeatureKernel):
     Component state (``sign``, ``perm``, ``gauss`` and, with
     ``uses_chi_radius``, the χ_p ``radius``) has batch shape
     ``(*batch_shape, C)`` and ``M/C`` rows per component.
+
+    Args:
+        num_dims: input dimension ``d``.
+        num_samples: total number of frequencies ``M`` (a multiple of ``num_components``).
+        num_components: the number of components ``C``.
+        seed: seed of the Fastfood state; ``None`` draws one from torch's RNG.
+        strategy: ``"auto"``, ``"dense"`` or ``"fwht"`` (see :class:`~alacarte.FastfoodRBFKernel`).
+        **kwargs: as for :class:`~alacarte.kernels.base.MixtureFeatureKernel`.
     """
 
     uses_chi_radius = True

@@ -42,7 +42,7 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
         \big[\Omega_p(r \|\tau/\ell\|)\big],\qquad
         \Omega_p(t) = \Gamma(p/2)\,(2/t)^{p/2-1} J_{p/2-1}(t)
 
-    Hat ``c`` has mode :math:`a_c > 0`, half-width :math:`b_c \in (0, a_c]`
+    Hat ``c`` has mode :math:`a_c > 0`, half-width :math:`b_c \in (0, a_c)`
     (parametrised as ``a_c·β_c`` with ``β_c ∈ (0, 1)``) and weight :math:`\pi_c > 0`.
     Its ``M_c = M / C`` frequencies are :math:`\omega = r\,u` with ``u`` the unit
     row directions of a Fastfood block (near-uniform on the sphere of the padded
