@@ -215,6 +215,20 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
 
     @unfitted_on_failure
     def fit(self, X, y) -> "DerivativeSelector":
+        """Solve the derivative-penalised problem for f, select the inputs, and refit if ``refit``.
+
+        Args:
+            X: training inputs (n, d), finite.
+            y: training targets (n,), finite.
+
+        Returns:
+            The fitted estimator itself.
+
+        Raises:
+            ValueError: for NaN/inf, non-numeric or mismatched data, a bad setting, or a problem
+                whose (n·d)² matrices exceed ``max_memory_bytes``.  A failed fit leaves the
+                estimator unfitted.
+        """
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         y = float64_targets(y).reshape(-1)
@@ -323,6 +337,9 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         return (k @ shifted + 2 * gamma * np.einsum("mj,mj->m", X, k @ beta)) / x_train.shape[0] + self.y_mean_
 
     def predict(self, X) -> np.ndarray:
+        """Predictions (m,) at inputs X (m, d), in the targets' units: the refit's on the selected
+        inputs (the training mean where none was selected), or with ``refit=False`` the penalised
+        f's (:meth:`predict_penalized`)."""
         check_is_fitted(self, "dual_coef_")
         if not self.refit_:
             return self.predict_penalized(X)

@@ -300,7 +300,7 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
     ``output_weights_``/``intercept_`` (β, b₀; not ``coef_``, which those read as
     one weight per input), ``validation_loss_`` (per epoch; with
     ``validation_fraction=0`` the training loss, there being no validation rows),
-    ``best_epoch_`` (the epoch restored), ``n_random_features_``.
+    ``best_epoch_`` (the epoch restored), ``n_epochs_`` (epochs run), ``n_random_features_``.
 
     Example:
         >>> from alacarte import RFFNetRegressor
@@ -313,6 +313,20 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
 
     @unfitted_on_failure
     def fit(self, X, y) -> "RFFNetRegressor":
+        """Fit β and the relevances λ by alternating Adam steps on mini-batches.
+
+        Args:
+            X: training inputs (n, d), finite.
+            y: training targets (n,), finite.
+
+        Returns:
+            The fitted estimator itself.
+
+        Raises:
+            ValueError: for NaN/inf, non-numeric or mismatched data, a bad setting, too few
+                rows for the validation split, or a diverged training.  A failed fit leaves the
+                estimator unfitted.
+        """
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         y = float64_targets(y).reshape(-1)
@@ -321,6 +335,7 @@ class RFFNetRegressor(RegressorMixin, _RFFNetBase):
         return self._fit_targets(X, (y - self.y_mean_) / self.y_scale_)
 
     def predict(self, X) -> np.ndarray:
+        """Predictions f(x) (m,) at inputs X (m, d), in the targets' units."""
         return self._decision(X) * self.y_scale_ + self.y_mean_
 
 
@@ -345,6 +360,19 @@ class RFFNetClassifier(ClassifierMixin, _RFFNetBase):
 
     @unfitted_on_failure
     def fit(self, X, y) -> "RFFNetClassifier":
+        """Fit β and the relevances λ to labels of two classes (any labels: ``classes_`` keeps them).
+
+        Args:
+            X: training inputs (n, d), finite.
+            y: training labels (n,), exactly two distinct values.
+
+        Returns:
+            The fitted estimator itself.
+
+        Raises:
+            ValueError: as for :meth:`RFFNetRegressor.fit`, or for labels of another number
+                of classes than two.
+        """
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64)
         check_classification_targets(y)
@@ -357,13 +385,16 @@ class RFFNetClassifier(ClassifierMixin, _RFFNetBase):
         return self._fit_targets(X, encoded.astype(np.float64))
 
     def decision_function(self, X) -> np.ndarray:
+        """The logit f(x) (m,) of P(y = classes_[1] | x) at inputs X (m, d)."""
         return self._decision(X)
 
     def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities (m, 2), columns in the order of ``classes_``, at inputs X (m, d)."""
         p = expit(self._decision(X))
         return np.column_stack([1.0 - p, p])
 
     def predict(self, X) -> np.ndarray:
+        """The more probable class (m,) at inputs X (m, d) (``classes_[1]`` where f(x) > 0)."""
         positive = self._decision(X) > 0
         return self.classes_[positive.astype(int)]
 

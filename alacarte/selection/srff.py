@@ -259,7 +259,20 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
     # -- fitting ------------------------------------------------------------------------
     @unfitted_on_failure
     def fit(self, X, y) -> SRFFRegressor:
-        """Fit the model (and choose λ on a validation split when ``alpha`` is None)."""
+        """Fit the model (and choose λ on a validation split when ``alpha`` is None).
+
+        Args:
+            X: training inputs (n, d), finite.
+            y: training targets (n,), finite.
+
+        Returns:
+            The fitted estimator itself.
+
+        Raises:
+            ValueError: for NaN/inf, non-numeric or mismatched data, a bad setting, or too few
+                rows for the validation split that chooses ``alpha``.  A failed fit leaves the
+                estimator unfitted.
+        """
         self._check_params()
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         y = float64_targets(y)
