@@ -39,14 +39,20 @@ __all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
 class FitHistory:
     """What :func:`~alacarte.fit` did.
 
-    ``loss`` is the negative log marginal likelihood per data point
-    (standardised units, log priors included) at the start of every iteration
-    of the final optimisation (and of the refit below, when it was kept);
-    ``restart_losses`` the loss each restart reached, and ``chosen_restart``
-    the one training continued from.  ``noise_refit_loss`` is the loss of the
-    refit from a larger noise that :func:`~alacarte.fit` runs when the final optimisation
-    ends with σ² at its lower bound — kept when it is lower than the loss
-    there — and ``None`` when it did not end there.
+    Attributes:
+        loss: the negative log marginal likelihood per data point (standardised units, log
+            priors included) at the start of every iteration of the final optimisation (and of the noise
+            refit, when it was kept); ``iterations`` is its length.
+        seconds: wall-clock seconds of the whole fit (a resumed fit counts its earlier runs too).
+        converged: whether the optimisation that ends ``loss`` stopped on ``tolerance`` before
+            ``max_iter``.
+        optimizer: ``"lbfgs"`` or ``"adam"``.
+        restart_losses: the loss each restart reached (``inf`` where it failed).
+        chosen_restart: the restart training continued from (``None`` without restarts).
+        noise_refit_loss: the loss of the refit from a larger noise that :func:`~alacarte.fit`
+            runs when the final optimisation ends with σ² at its lower bound — kept when it is
+            lower than the loss there — and ``None`` when it did not end there (or the noise
+            is frozen).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -59,6 +65,7 @@ class FitHistory:
 
     @property
     def iterations(self) -> int:
+        """The number of iterations recorded in ``loss``."""
         return len(self.loss)
 
 

@@ -100,6 +100,12 @@ class MonotoneFISTA:
     ``value(x)`` returns f(x) (NaN where it cannot be evaluated) and
     ``value_and_grad(x)`` returns (f(x), ∇f(x)), with ``None`` for the gradient where
     either is not finite; a NaN anywhere restarts the momentum instead of raising.
+
+    Args:
+        size: the simplex size c of every iterate tensor (``Σ w = c``).
+        step_size: the initial step s.
+        masks: per iterate tensor, ``None`` or a boolean mask over its last dimension of the
+            entries allowed to be non-zero (the others are held at exactly 0); ``None``: no masks.
     """
 
     max_backtracks = 40
@@ -132,7 +138,16 @@ class MonotoneFISTA:
     ) -> tuple[list[Tensor], float, bool]:
         """One monotone step from ``current`` (with f(current) if the caller knows it).
 
-        Returns (the new iterate, its objective, whether it moved)."""
+        Args:
+            current: the iterate x_k, each tensor on its simplex.
+            value: x ↦ f(x), NaN where it cannot be evaluated.
+            value_and_grad: x ↦ (f(x), ∇f(x)), the gradient ``None`` where either is not finite.
+            current_value: f(x_k), if known (saves an evaluation).
+
+        Returns:
+            (the new iterate, its objective, whether it moved); an iterate that did not
+            decrease f is not taken (``current`` is returned).
+        """
         point = current
         if self._previous is not None:
             if current_value is None:
@@ -186,6 +201,12 @@ class SimplexStep:
     objective on a convex set.  The momentum carries over between calls; the
     objective changes between them (the other parameters move), so f(π) is
     re-evaluated at the start of each call.
+
+    Args:
+        model: the model whose simplex kernels' π are stepped (those with ``simplex=True`` and
+            π not frozen); false (``bool``) when it has none.
+        step_size: the initial step.
+        inputs: the training inputs (n, d): π of an input constant on them is held at 0.
     """
 
     def __init__(self, model: torch.nn.Module, step_size: float = 1.0, inputs: Tensor | None = None):
@@ -242,7 +263,12 @@ class SimplexStep:
         """``steps`` monotone steps on π; returns the objective at the final π.
 
         π moves more slowly than the smooth parameters (its step is limited by the
-        curvature along the simplex), so each call takes a few steps."""
+        curvature along the simplex), so each call takes a few steps.
+
+        Args:
+            objective: evaluates the loss at the model's current parameters (π set in place).
+            steps: the most steps to take; a step that does not move π ends the call.
+        """
         self.project_()
         for p in self.parameters:
             p.grad = None  # the optimiser's closure accumulates these; π uses its own gradient
