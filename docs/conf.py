@@ -33,6 +33,9 @@ autodoc_default_options = {"show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_ivar = True
+# Napoleon writes an attribute ``model_`` as ``model\_`` only with this set; otherwise the field name
+# ``model_`` is read as a hyperlink reference and the page shows ``model`` (``reg.model`` does not exist).
+strip_signature_backslash = True
 
 html_theme = "alabaster"
 html_static_path = []
