@@ -213,7 +213,8 @@ class _StandardizedGP(ExactGP):
         Args:
             x: test inputs (m, d), tensor or array.
             mean_only: skip the variances (cheaper).
-            chunk_size: rows per chunk; default from a 32 MiB feature budget.
+            chunk_size: rows per chunk; default: about 32 MiB of a chunk's features (FeatureGP)
+                or of its covariance with the training rows (ExactRBFGP).
 
         Returns:
             The :class:`~alacarte.models.Prediction` (mean, variance, observed_variance).

@@ -45,8 +45,9 @@ class SpectralMixtureFastfoodKernel(FastfoodMixtureKernel):
     Learnable: ``weights`` (Q, positive), ``means`` (Q×d), ``scales`` (Q×d, positive).
 
     GPyTorch's ``SpectralMixtureKernel`` multiplies 1-D mixtures over dimensions,
-    in cycles; it coincides with this kernel for d = 1 and for μ = 0 (with
-    ``mixture_means = μ/2π``, ``mixture_scales = σ/2π``).
+    in cycles; it coincides with this kernel for d = 1 (with ``mixture_means = μ/2π``,
+    ``mixture_scales = σ/2π``), and for a single component with μ = 0 (its weight
+    ``w^(1/d)``); a sum of Q > 1 components is not a product over dimensions.
 
     Args:
         num_dims: input dimension ``d``.
