@@ -85,7 +85,7 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
             of the kernel's input. (The radial pictures are of ARD-scaled inputs, free of units.)
 
     Returns:
-        The axes drawn in: one, or for GM a numpy array of them.
+        The axes drawn in (for GM a numpy array of them, one per panel).
 
     Raises:
         ValueError: for another kernel, a batched one, ``names`` of another length, too few

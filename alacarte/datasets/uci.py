@@ -32,7 +32,7 @@ import numpy as np
 
 __all__ = ["UCISplit", "load_uci", "list_uci", "cache_dir", "UCI_NUM_SPLITS"]
 
-#: Train/test splits per dataset (the ``split`` of :func:`load_uci` is one of ``0 … UCI_NUM_SPLITS − 1``).
+#: Train/test splits per dataset (the ``split`` of :func:`~alacarte.load_uci` is one of ``0 … UCI_NUM_SPLITS − 1``).
 UCI_NUM_SPLITS = 10
 ENV_VAR = "ALACARTE_DATA"
 URL_ENV_VAR = "ALACARTE_UCI_URL"
@@ -59,8 +59,10 @@ class UCISplit:
     Attributes:
         name: the dataset's folder name (``"pol"`` for "Pole Tele").
         split: the split's index, 0 … 9.
-        x_train, y_train: training inputs (n, d) and targets (n,).
-        x_test, y_test: test inputs (m, d) and targets (m,).
+        x_train: training inputs (n, d).
+        y_train: training targets (n,).
+        x_test: test inputs (m, d).
+        y_test: test targets (m,).
     """
 
     name: str

@@ -81,7 +81,7 @@ class MonotoneFISTA:
     2015), with a backtracking step size that also grows.  The one implementation
     behind both simplex optimisers: SRFF's γ-step (:class:`~alacarte.SRFFRegressor`)
     and the π-step of simplex-ARD kernels (:class:`SimplexStep`).  The iterate is a
-    list of tensors, each kept on ``{w ≥ 0, Σ w = size}`` by :func:`project_to_simplex`.
+    list of tensors, each kept on ``{w ≥ 0, Σ w = size}`` by :func:`~alacarte.selection.project_to_simplex`.
     From the extrapolated point
     :math:`w = x_k + \tfrac{t_k - 1}{t_{k+1}}(x_k - x_{k-1})`
 
@@ -191,7 +191,8 @@ class MonotoneFISTA:
 
 
 class SimplexStep:
-    r"""Monotone accelerated projected-gradient steps (:class:`MonotoneFISTA`) on the simplex weights π of a model.
+    r"""Monotone accelerated projected-gradient steps on the simplex weights π of a model
+    (:class:`~alacarte.selection.simplex.MonotoneFISTA`).
 
     :func:`alacarte.fit` optimises everything else with L-BFGS or Adam and, after
     every optimiser step, takes a few steps of this on π (block-coordinate descent).

@@ -193,10 +193,12 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         relevance_: γ / c, non-negative, summing to one (exact zeros: unused inputs);
             ``feature_importances_`` is the same array (what ``SelectFromModel`` reads).
         selected_: indices of the inputs with γ_j > 0.
-        alpha_: the λ used; ``alphas_`` the λ tried (the grid up to where
-            ``path_patience`` stopped the walk) and ``validation_mse_`` their scores
-            (in the target's units squared).
-        simplex_size_: ``c``; ``n_iter_``: alternations of the final fit.
+        alpha_: the λ used.
+        alphas_: the λ tried (the grid up to where ``path_patience`` stopped the walk).
+        validation_mse_: their validation scores, in the target's units squared (``None`` when
+            none was chosen: ``alpha`` given, or ``n_alphas=1``).
+        simplex_size_: ``c``.
+        n_iter_: alternations of the final fit.
 
     Example:
         >>> import numpy as np
