@@ -18,7 +18,8 @@ def spectral_mixture_kernel(x1: Tensor, x2: Tensor, weights: Tensor, means: Tens
     r"""The closed-form GM kernel :math:`\sum_q w_q e^{-\frac12\sum_j \sigma_{qj}^2\tau_j^2}\cos(\mu_q^\top\tau)`.
 
     Dense, O(n m Q d): for tests and small problems.  ``weights`` (Q,),
-    ``means`` and ``scales`` (Q, d), angular frequencies.
+    ``means`` and ``scales`` (Q, d), angular frequencies; ``x1`` (n, d) and ``x2`` (m, d)
+    give the (n, m) matrix.
     """
     tau = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # (n, m, d)
     tau = tau.unsqueeze(-2)  # (n, m, 1, d)

@@ -30,6 +30,10 @@ def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
     broadcastable to ``v.shape[:-1]``.  The result has ``v``'s dtype and device
     and sums to ``size`` to round-off (float64: ~1e-15 relative).
 
+    Raises:
+        ValueError: if ``v`` is not a floating-point tensor with a non-empty last dimension and
+            finite entries, or ``size`` is not positive and finite or does not broadcast.
+
     Example:
         >>> import torch
         >>> from alacarte.selection import project_to_simplex
