@@ -125,16 +125,40 @@ def _build_kernel(record: dict[str, Any]) -> FeatureKernel:
     return _kernel_class(record["class"])(num_dims, num_samples, **config)
 
 
-def _constraint_signature(module: torch.nn.Module) -> dict[str, str]:
-    """Type and transform of every constraint: what a state dict cannot carry."""
-    signature = {}
-    for name, sub in module.named_modules():
+def _classes(module: torch.nn.Module) -> dict[str, str]:
+    """The class of every submodule (of a constraint, with its transform): what a state dict cannot
+    carry. A file rebuilds alacarte's own classes, so a user's mean, kernel or model subclass would
+    come back as something else under the same keys."""
+    classes = {}
+    # (Every duplicate: GPyTorch's constraints share one Softplus, which a deep copy of a kernel duplicates.)
+    for name, sub in module.named_modules(remove_duplicate=False):
+        cls = type(sub)
+        label = f"{cls.__module__}.{cls.__qualname__}"
         if isinstance(sub, Interval):
             transform = sub._transform
-            label = type(transform).__name__ if isinstance(transform, torch.nn.Module) else getattr(
-                transform, "__qualname__", repr(transform))
-            signature[name] = f"{type(sub).__name__}/{label}"
-    return signature
+            label += "/" + (type(transform).__name__ if isinstance(transform, torch.nn.Module) else getattr(
+                transform, "__qualname__", repr(transform)))
+        classes[name or "the model"] = label
+    return classes
+
+
+def _refuse_unfaithful(original: torch.nn.Module, rebuilt: torch.nn.Module, state: dict[str, torch.Tensor],
+                       what: str) -> None:
+    """Refuse to save ``original`` when ``rebuilt`` (built from its record, whose state dict is
+    ``state``) differs from it in a class or in a value."""
+    have, get = _classes(original), _classes(rebuilt)
+    differences = [f"{name}: {have.get(name, 'absent')}, rebuilt as {get.get(name, 'absent')}"
+                   for name in dict.fromkeys([*have, *get]) if have.get(name) != get.get(name)]
+    # Every tensor is rebuilt in the model's one dtype: a float64 kernel in a float32 model would be rounded.
+    rebuilt_state = rebuilt.state_dict()
+    differences += [f"{name}: {value.dtype}, rebuilt as {rebuilt_state[name].dtype}" for name, value in state.items()
+                    if not torch.allclose(rebuilt_state[name].to(value.dtype), value, rtol=0, atol=0, equal_nan=True)]
+    if differences:
+        raise ValueError(
+            f"{what} cannot be saved faithfully: a file would rebuild parts of it as another type "
+            f"({'; '.join(differences)}); saved models hold alacarte's own models and kernels, with "
+            "their default mean, likelihood and constraint types, in one dtype"
+        )
 
 
 # -- models ----------------------------------------------------------------------------
@@ -225,11 +249,7 @@ def _check_rebuilds(model: Model, record: dict[str, Any]) -> None:
             f"this model cannot be saved faithfully ({type(err).__name__}: {err}); saved models support "
             "alacarte kernels without priors"
         ) from err
-    if _constraint_signature(rebuilt) != _constraint_signature(model):
-        raise ValueError(
-            "this model cannot be saved faithfully: a constraint of another type than its kernel's default "
-            f"(saved models rebuild {_constraint_signature(rebuilt)}, the model has {_constraint_signature(model)})"
-        )
+    _refuse_unfaithful(model, rebuilt, record["state_dict"], "this model")
 
 
 # -- estimators ------------------------------------------------------------------------
@@ -241,8 +261,7 @@ def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
         rebuilt = _build_kernel_object(record)
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise ValueError(f"the estimator's kernel cannot be saved faithfully ({type(err).__name__}: {err})") from err
-    if _constraint_signature(rebuilt) != _constraint_signature(kernel):
-        raise ValueError("the estimator's kernel cannot be saved faithfully: it has a non-default constraint type")
+    _refuse_unfaithful(kernel, rebuilt, record["state_dict"], "the estimator's kernel")
     return record
 
 
@@ -254,6 +273,9 @@ def _build_kernel_object(record: dict[str, Any]) -> FeatureKernel:
 
 
 def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
+    if type(reg) is not AlaCarteRegressor:  # a file rebuilds an AlaCarteRegressor, without the subclass's code
+        raise ValueError(f"{type(reg).__name__} cannot be saved faithfully: saved estimators are "
+                         "AlaCarteRegressor itself, not subclasses")
     # A grid search passes numpy scalars, which a weights-only load refuses: files hold Python values.
     params = {name: value.item() if isinstance(value, np.generic) else value
               for name, value in reg.get_params().items()}
@@ -312,8 +334,10 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
 
     Raises:
         ValueError: if ``model`` is of another type or cannot be rebuilt from a file (a kernel
-            with priors, or with a constraint of another type than its default), ``path`` is a
-            directory or in a folder that does not exist, or ``metadata`` is not JSON-serialisable.
+            with priors; a constraint, mean, kernel or model of another class than alacarte's
+            own, e.g. a user's subclass; values in another dtype than the model's), ``path`` is
+            a directory or in a folder that does not exist, or ``metadata`` is not
+            JSON-serialisable.
     """
     from . import __version__
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import gpytorch
 import numpy as np
 import pytest
 import torch
@@ -246,7 +247,7 @@ def test_models_a_file_cannot_rebuild_are_refused(tmp_path):
     custom = ac.FeatureGP(None, None, ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0,
                                                       lengthscale_constraint=Interval(0.01, 10.0))).double()
     ac.fit(custom, x, y, max_iter=2, restarts=0, progress=False)
-    with pytest.raises(ValueError, match="constraint of another type"):
+    with pytest.raises(ValueError, match="rebuild parts of it as another type .*raw_lengthscale_constraint: .*Interval"):
         save_model(custom, tmp_path / "c.alacarte")
     with_prior = ac.FeatureGP(None, None, ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0,
                                                           lengthscale_prior=GammaPrior(2.0, 1.0))).double()
@@ -256,6 +257,53 @@ def test_models_a_file_cannot_rebuild_are_refused(tmp_path):
     assert not (tmp_path / "c.alacarte").exists() and not (tmp_path / "p.alacarte").exists()
     with pytest.raises(ValueError, match="save_model takes"):
         save_model(torch.nn.Linear(2, 2), tmp_path / "l.alacarte")
+
+
+class _ShiftedMean(gpytorch.means.ConstantMean):
+    def forward(self, x):
+        return super().forward(x) + x[..., 0]
+
+
+class _MyFeatureGP(ac.FeatureGP):
+    pass
+
+
+class _MyRegressor(AlaCarteRegressor):
+    pass
+
+
+def _exact_matern():
+    model = make_model("exact-ard", 3)
+    model.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(ard_num_dims=3)).double()
+    return model
+
+
+def _custom_mean():
+    model = make_model("fsard", 3, num_samples=16)
+    model.mean_module = _ShiftedMean().double()
+    return model
+
+
+def _float64_kernel_in_float32_model():
+    kernel = ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0).double()
+    kernel.lengthscale = torch.tensor([[0.1, 0.2, 0.3]], dtype=torch.float64)  # not float32 numbers
+    return ac.FeatureGP(None, None, kernel)  # likelihood and mean in the default float32
+
+
+@pytest.mark.parametrize("build, part", [
+    (_exact_matern, "covar_module.base_kernel: gpytorch.kernels.matern_kernel.MaternKernel"),
+    (_custom_mean, "mean_module: .*_ShiftedMean"),
+    (lambda: _MyFeatureGP(None, None, ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0)), "the model: .*_MyFeatureGP"),
+    (lambda: _MyRegressor("fsard"), ": saved estimators are AlaCarteRegressor itself"),
+    (_float64_kernel_in_float32_model, "covar_module.raw_lengthscale: torch.float64, rebuilt as torch.float32"),
+], ids=["exact-matern", "custom-mean", "model-subclass", "regressor-subclass", "float64-kernel"])
+def test_parts_a_file_would_rebuild_as_something_else_are_refused(build, part, tmp_path):
+    """A file rebuilds alacarte's own classes in one dtype: an ExactRBFGP given a Matérn kernel came back
+    with the RBF kernel (mean off by 0.29), a ConstantMean subclass as a ConstantMean (off by 1.67), a
+    FeatureGP or AlaCarteRegressor subclass as the base class, float64 values of a float32 model rounded."""
+    with pytest.raises(ValueError, match=f"cannot be saved faithfully.*{part}"):
+        save_model(build(), tmp_path / "m.alacarte")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_prior_without_buffers_is_refused_not_dropped(tmp_path):
