@@ -23,8 +23,6 @@ from typing import Any
 
 import torch
 
-_MAX_HEADER_BYTES = 1 << 16
-
 
 def _file_mode(path: Path) -> int:
     try:
@@ -81,7 +79,7 @@ def read_checked(path: Path, signature: bytes, format_version: int, kind: str) -
     if len(data) < start:
         raise ValueError(f"{path} is truncated: it ends inside the file header")
     (header_bytes,) = struct.unpack("<I", data[len(signature):start])
-    if header_bytes > _MAX_HEADER_BYTES or len(data) < start + header_bytes:
+    if len(data) < start + header_bytes:
         raise ValueError(f"{path} is truncated or damaged: its header is incomplete")
     try:
         header = json.loads(data[start:start + header_bytes])

@@ -216,6 +216,14 @@ def test_damaged_metadata_in_the_header_are_detected(tmp_path):
         load_with_metadata(path)
 
 
+def test_large_metadata_reload(tmp_path):
+    """The header (which holds the metadata) was refused on load above 64 KiB as 'truncated or damaged':
+    a CSV with 8000 named columns was saved, then could not be read back."""
+    metadata = {"columns": [f"column_{i:05d}" for i in range(8000)]}
+    path = save_model(fitted_model(), tmp_path / "m.alacarte", metadata=metadata)
+    assert load_with_metadata(path)[1] == metadata
+
+
 def test_checksummed_files_with_foreign_content_are_value_errors(tmp_path):
     """A file whose checksums match but whose content this version cannot rebuild (hand-made, or
     written by another alacarte of the same format version) is a ValueError, not a KeyError."""
