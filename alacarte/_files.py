@@ -35,6 +35,9 @@ def _file_mode(path: Path) -> int:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    # A symbolic link is followed, as open(path, "w") follows it: replacing the link itself left its
+    # target (what other links and readers use) holding the old file.
+    path = Path(os.path.realpath(path))
     directory = path.parent
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:

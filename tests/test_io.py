@@ -155,6 +155,17 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_intact(tmp_path):
     assert torch.equal(load_model(path).predict(x_test).mean, model.predict(x_test).mean)
 
 
+def test_saving_through_a_symbolic_link_writes_its_target(tmp_path):
+    """The temporary file replaced the link itself: the link became a plain file with the new model
+    and its target (what other links name) kept the old one."""
+    target, link = tmp_path / "v1.alacarte", tmp_path / "current.alacarte"
+    save_model(fitted_model(), target)
+    link.symlink_to(target.name)
+    save_model(fitted_model("gm"), link)
+    assert link.is_symlink() and isinstance(load_model(target).covar_module, ac.SpectralMixtureFastfoodKernel)
+    assert sorted(os.listdir(tmp_path)) == ["current.alacarte", "v1.alacarte"]
+
+
 def _parts(good: bytes) -> tuple[dict, bytes]:
     """A model file's JSON header and its data bytes."""
     header_len = struct.unpack("<I", good[len(MAGIC): len(MAGIC) + 4])[0]
