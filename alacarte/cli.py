@@ -200,7 +200,7 @@ def _emit(args: argparse.Namespace, result: dict, text: str) -> None:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from .io import save_model
+    from .io import check_model_path, save_model
     from .regressor import AlaCarteRegressor
 
     # Named as the flags, and before the data are read (the estimator would name its parameters: num_samples).
@@ -209,6 +209,7 @@ def _fit(args: argparse.Namespace) -> int:
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")
+    out = check_model_path(args.out if args.out else Path(args.data).with_suffix(".alacarte"))  # before the fit
     names, table = read_table(args.data)
     if args.target not in names:
         raise ValueError(f"{args.data} has no target column {args.target!r} (columns: {', '.join(names)})")
@@ -223,7 +224,6 @@ def _fit(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     reg.fit(x, y)
     seconds = time.perf_counter() - start
-    out = Path(args.out) if args.out else Path(args.data).with_suffix(".alacarte")
     save_model(reg, out, metadata={"columns": columns, "target": args.target, "data": str(args.data),
                                    "rows": int(len(y))})
     rmse = _rms(reg.predict(x) - y)

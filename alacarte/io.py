@@ -318,6 +318,17 @@ def _build_regressor(record: dict[str, Any]) -> AlaCarteRegressor:
 
 
 # -- files -----------------------------------------------------------------------------
+def check_model_path(path: str | os.PathLike) -> Path:
+    """``path`` as a :class:`~pathlib.Path` that :func:`save_model` can write; a ValueError if it names a
+    directory or lies in a directory that does not exist (the command line checks before it fits)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; save_model needs a file path, e.g. {path / 'model.alacarte'}")
+    if not path.parent.is_dir():
+        raise ValueError(f"cannot write {path}: the directory {path.parent} does not exist")
+    return path
+
+
 def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os.PathLike,
                *, metadata: dict[str, Any] | None = None) -> Path:
     """Write ``model`` (a fitted model or estimator) to ``path`` atomically.
@@ -341,11 +352,7 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
     """
     from . import __version__
 
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"{path} is a directory; save_model needs a file path, e.g. {path / 'model.alacarte'}")
-    if not path.parent.is_dir():
-        raise ValueError(f"cannot write {path}: the directory {path.parent} does not exist")
+    path = check_model_path(path)
     try:
         metadata_json = json.dumps(metadata or {})
     except (TypeError, ValueError) as err:
