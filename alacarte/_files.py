@@ -75,9 +75,11 @@ def read_checked(path: Path, signature: bytes, format_version: int, kind: str) -
     ("alacarte model file")."""
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not an {kind}")
-    data = path.read_bytes()
-    if not data.startswith(signature):
-        raise ValueError(f"{path} is not an {kind} (it does not start with the {kind}'s signature)")
+    with open(path, "rb") as fh:  # the signature first: a data file given by mistake is not read whole
+        data = fh.read(len(signature))
+        if data != signature:
+            raise ValueError(f"{path} is not an {kind} (it does not start with the {kind}'s signature)")
+        data += fh.read()
     start = len(signature) + 4
     if len(data) < start:
         raise ValueError(f"{path} is truncated: it ends inside the file header")

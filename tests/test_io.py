@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 
 import gpytorch
 import numpy as np
@@ -210,6 +211,22 @@ def test_bad_files_give_clear_errors(tmp_path):
     expect(b"", "not an alacarte model file")
     future = _rewritten(good, lambda header: header.update(format_version=FORMAT_VERSION + 1))
     expect(future, f"format version {FORMAT_VERSION + 1} .*reads format version {FORMAT_VERSION}")
+
+
+def test_a_large_file_that_is_not_a_model_is_refused_without_reading_it(tmp_path):
+    """The whole file was read before its signature was checked: a 400 MB CSV given as the model
+    (arguments swapped) took 16 s and 760 MB to be refused."""
+    path = tmp_path / "data.csv"
+    with open(path, "wb") as fh:
+        fh.truncate(64 * 2**20)  # sparse: no disk used
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="not an alacarte model file"):
+            load_model(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
 
 
 def test_damaged_metadata_in_the_header_are_detected(tmp_path):
