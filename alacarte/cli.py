@@ -209,7 +209,6 @@ def _fit(args: argparse.Namespace) -> int:
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")
-    out = check_model_path(args.out if args.out else Path(args.data).with_suffix(".alacarte"))  # before the fit
     names, table = read_table(args.data)
     if args.target not in names:
         raise ValueError(f"{args.data} has no target column {args.target!r} (columns: {', '.join(names)})")
@@ -217,6 +216,7 @@ def _fit(args: argparse.Namespace) -> int:
     if not columns:
         raise ValueError(f"{args.data} has no input columns besides the target {args.target!r}")
     x, y = table[:, [names.index(c) for c in columns]], table[:, names.index(args.target)]
+    out = check_model_path(args.out if args.out else Path(args.data).with_suffix(".alacarte"))  # before the fit
     reg = AlaCarteRegressor(
         args.kernel, num_samples=args.num_samples, num_components=args.num_components, max_iter=args.max_iter,
         restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed, progress=not args.quiet,

@@ -326,3 +326,10 @@ def test_fit_refuses_an_unwritable_out_before_it_fits(out, tmp_path, capsys, mon
     assert main(["fit", data, "--target", "y", "--out", str(tmp_path / out), *SMALL]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err or "is a directory" in err
+
+
+def test_fit_of_a_missing_data_file_names_the_data_not_the_model(tmp_path, capsys):
+    """With --out checked before the data were read, a missing data/x.csv was reported as 'cannot write
+    data/x.alacarte' (its default model path)."""
+    assert main(["fit", str(tmp_path / "data" / "x.csv"), "--target", "y", "-q"]) == 2
+    assert "x.csv: no such file" in capsys.readouterr().err
