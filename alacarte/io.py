@@ -39,6 +39,7 @@ import importlib
 import inspect
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -320,12 +321,22 @@ def _build_regressor(record: dict[str, Any]) -> AlaCarteRegressor:
 # -- files -----------------------------------------------------------------------------
 def check_model_path(path: str | os.PathLike) -> Path:
     """``path`` as a :class:`~pathlib.Path` that :func:`save_model` can write; a ValueError if it names a
-    directory or lies in a directory that does not exist (the command line checks before it fits)."""
+    directory or lies in a directory that does not exist or cannot be written to (the command line
+    checks before it fits)."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a directory; save_model needs a file path, e.g. {path / 'model.alacarte'}")
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the directory {path.parent} does not exist")
+    # A file created where the write will create its temporary one (the target's directory, links
+    # followed): permissions, a read-only mount or a dangling link show now, not after the work.
+    directory = Path(os.path.realpath(path)).parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise ValueError(f"cannot write {path}: {err.strerror or err} (in {directory})") from None
+    os.close(fd)
+    os.unlink(probe)
     return path
 
 

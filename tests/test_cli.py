@@ -312,10 +312,12 @@ def test_every_option_is_documented_in_docs_command_line():
     assert not sorted(undocumented)
 
 
-@pytest.mark.parametrize("out", ["missing/m.alacarte", "."])
+@pytest.mark.parametrize("out", ["missing/m.alacarte", ".", "read-only/m.alacarte"])
 def test_fit_refuses_an_unwritable_out_before_it_fits(out, tmp_path, capsys, monkeypatch):
-    """--out in a missing directory (or naming a directory) was refused by save_model after the fit,
-    throwing the fit away (50 s on 300 rows here)."""
+    """--out in a missing directory (or naming a directory, or in one the user may not write to) was
+    refused by save_model after the fit, throwing the fit away (50 s on 300 rows here)."""
+    import tempfile
+
     from alacarte.regressor import AlaCarteRegressor
 
     def no_fit(self, x, y):
@@ -323,9 +325,19 @@ def test_fit_refuses_an_unwritable_out_before_it_fits(out, tmp_path, capsys, mon
 
     monkeypatch.setattr(AlaCarteRegressor, "fit", no_fit)
     data = write_csv(tmp_path / "data.csv", ["a", "y"], [[1, 2], [2, 3], [3, 5]])
+    if out.startswith("read-only"):
+        (tmp_path / "read-only").mkdir()
+        real_mkstemp = tempfile.mkstemp
+
+        def refuse(*args, dir=None, **kwargs):  # (simulated: the tests may run as root)
+            if str(dir).endswith("read-only"):
+                raise PermissionError(13, "Permission denied")
+            return real_mkstemp(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(tempfile, "mkstemp", refuse)
     assert main(["fit", data, "--target", "y", "--out", str(tmp_path / out), *SMALL]) == 2
     err = capsys.readouterr().err
-    assert "does not exist" in err or "is a directory" in err
+    assert "does not exist" in err or "is a directory" in err or "Permission denied" in err
 
 
 def test_fit_of_a_missing_data_file_names_the_data_not_the_model(tmp_path, capsys):

@@ -7,6 +7,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import tracemalloc
 
@@ -91,6 +92,17 @@ def test_regressor_round_trip_with_metadata_and_kernel_object(tmp_path):
     unfitted = AlaCarteRegressor("exact-ard")
     save_model(unfitted, tmp_path / "u.alacarte")
     assert load_model(tmp_path / "u.alacarte").get_params() == unfitted.get_params()
+
+
+def test_an_unwritable_directory_is_a_value_error(tmp_path, monkeypatch):
+    """A directory the user may not write to (simulated: the tests may run as root) gave a bare
+    PermissionError naming the temporary file."""
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(ValueError, match="cannot write .*m.alacarte: Permission denied"):
+        save_model(fitted_model(), tmp_path / "m.alacarte")
 
 
 def test_a_failed_write_leaves_the_old_file_intact(tmp_path, monkeypatch):
