@@ -248,7 +248,8 @@ def _load_regressor(path: str):
         reg, metadata = load_with_metadata(path)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
-    if not isinstance(reg, AlaCarteRegressor) or not hasattr(reg, "model_") or "columns" not in metadata:
+    if not isinstance(reg, AlaCarteRegressor) or not hasattr(reg, "model_") or not isinstance(metadata, dict) \
+            or "columns" not in metadata:
         raise ValueError(f"{path} is not a model written by `alacarte fit` (from Python, save a fitted "
                          "AlaCarteRegressor with save_model(regressor, path, metadata={'columns': [its input names], "
                          "'target': name}))")

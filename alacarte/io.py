@@ -348,7 +348,7 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
         model: a :class:`~alacarte.FeatureGP`, :class:`~alacarte.ExactRBFGP` or
             :class:`~alacarte.AlaCarteRegressor`.
         path: the file to (over)write.
-        metadata: JSON-serialisable extra information (e.g. column names),
+        metadata: a dict with str keys and JSON-serialisable values (e.g. column names),
             returned by :func:`load_with_metadata`.
 
     Returns:
@@ -364,6 +364,9 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
     from . import __version__
 
     path = check_model_path(path)
+    # (Anything else came back otherwise: [] as {}, {1: x} as {"1": x}; a str broke the command line.)
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(k, str) for k in metadata)):
+        raise ValueError(f"metadata must be a dict with str keys, got {metadata!r:.80}")
     try:
         metadata_json = json.dumps(metadata or {})
     except (TypeError, ValueError) as err:

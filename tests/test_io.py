@@ -264,6 +264,22 @@ def test_large_metadata_reload(tmp_path):
     assert load_with_metadata(path)[1] == metadata
 
 
+def test_the_command_line_refuses_a_model_whose_metadata_are_not_a_dict(tmp_path, capsys):
+    """A file (written before save_model refused it) whose metadata are a str: 'alacarte predict'
+    took `"columns" in metadata` as a substring test and crashed with a TypeError traceback."""
+    from alacarte.cli import main
+
+    x, y = data()
+    good = save_model(AlaCarteRegressor("fsard", **SMALL).fit(x, y), tmp_path / "m.alacarte").read_bytes()
+    payload = torch.load(io.BytesIO(_parts(good)[1]), weights_only=True)
+    text = "columns a,b,c"
+    bad = _rewritten(good, lambda h: h.update(metadata=text), body=_torch_bytes({**payload, "metadata": text}))
+    (tmp_path / "m.alacarte").write_bytes(bad)
+    (tmp_path / "d.csv").write_text("a,b,c\n1,2,3\n")
+    assert main(["predict", str(tmp_path / "m.alacarte"), str(tmp_path / "d.csv"), "-q"]) == 2
+    assert "is not a model written by `alacarte fit`" in capsys.readouterr().err
+
+
 def test_checksummed_files_with_foreign_content_are_value_errors(tmp_path):
     """A file whose checksums match but whose content this version cannot rebuild (hand-made, or
     written by another alacarte of the same format version) is a ValueError, not a KeyError."""
@@ -408,6 +424,9 @@ def test_bad_paths_and_metadata_are_refused_before_anything_is_written(tmp_path)
         save_model(model, tmp_path / "missing" / "m.alacarte")
     with pytest.raises(ValueError, match="metadata must be JSON-serialisable"):
         save_model(model, tmp_path / "m.alacarte", metadata={"columns": np.arange(3)})
+    for metadata in ([], ["a"], {1: "a"}, "columns a,b,c"):  # came back as {}, ["a"], {"1": "a"} and the str
+        with pytest.raises(ValueError, match="metadata must be a dict with str keys"):
+            save_model(model, tmp_path / "m.alacarte", metadata=metadata)
     assert list(tmp_path.iterdir()) == []  # no file, and no temporary file left behind
     with pytest.raises(ValueError, match="is a directory, not an alacarte model file"):
         load_model(tmp_path)
