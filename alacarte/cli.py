@@ -195,6 +195,13 @@ def _rms(r: np.ndarray) -> float:
     return peak * float(np.sqrt(np.mean((r / peak) ** 2))) if peak > 0 else 0.0
 
 
+def _refuse_overwriting_inputs(out: str | Path, *inputs: str) -> None:
+    """A ValueError if ``out`` names one of the command's input files, which writing it would replace."""
+    for given in inputs:
+        if Path(out).exists() and Path(given).exists() and Path(out).samefile(given):
+            raise ValueError(f"the output {out} is the input file {given}: writing it would replace it")
+
+
 def _emit(args: argparse.Namespace, result: dict, text: str) -> None:
     print(json.dumps(result) if args.json else text)
 
@@ -217,6 +224,7 @@ def _fit(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.data} has no input columns besides the target {args.target!r}")
     x, y = table[:, [names.index(c) for c in columns]], table[:, names.index(args.target)]
     out = check_model_path(args.out if args.out else Path(args.data).with_suffix(".alacarte"))  # before the fit
+    _refuse_overwriting_inputs(out, args.data)
     reg = AlaCarteRegressor(
         args.kernel, num_samples=args.num_samples, num_components=args.num_components, max_iter=args.max_iter,
         restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed, progress=not args.quiet,
@@ -262,6 +270,8 @@ def _load_regressor(path: str):
 
 
 def _predict(args: argparse.Namespace) -> int:
+    if args.out:
+        _refuse_overwriting_inputs(args.out, args.model, args.data)
     reg, metadata = _load_regressor(args.model)
     _, x = read_table(args.data, metadata["columns"])
     means, stds = [], []
@@ -290,6 +300,7 @@ def _plot(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.model} is an exact GP ({reg.kernel}): it has no learned spectrum to draw "
                          "(`alacarte fit --json` reports its input relevances)")
     out = Path(args.out) if args.out else Path(args.model).with_suffix(".png")
+    _refuse_overwriting_inputs(out, args.model)
     title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata.get('target', 'y')}"
     # The kernel sees standardised inputs: frequencies are drawn per unit of the CSV's columns.
     try:

@@ -345,3 +345,20 @@ def test_fit_of_a_missing_data_file_names_the_data_not_the_model(tmp_path, capsy
     data/x.alacarte' (its default model path)."""
     assert main(["fit", str(tmp_path / "data" / "x.csv"), "--target", "y", "-q"]) == 2
     assert "x.csv: no such file" in capsys.readouterr().err
+
+
+def test_an_output_that_names_an_input_file_is_refused(fitted, tmp_path, capsys):
+    """'fit data.csv --out data.csv' replaced the data with the model file, and 'predict model data
+    --out model' the model with the predictions."""
+    _, model, new, _, _ = fitted
+    data = write_csv(tmp_path / "data.csv", ["a", "y"], [[1, 2], [2, 3], [3, 5]])
+    before = open(data, "rb").read()
+    assert main(["fit", data, "--target", "y", "--out", data, *SMALL]) == 2
+    assert "is the input file" in capsys.readouterr().err and open(data, "rb").read() == before
+    saved = open(model, "rb").read()
+    for out in (model, new):
+        kept = open(out, "rb").read()
+        assert main(["predict", model, new, "--out", out, "-q"]) == 2
+        assert "is the input file" in capsys.readouterr().err and open(out, "rb").read() == kept
+    assert main(["plot", model, "--out", model, "-q"]) == 2
+    assert "is the input file" in capsys.readouterr().err and open(model, "rb").read() == saved
