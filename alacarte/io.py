@@ -357,9 +357,9 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
     Raises:
         ValueError: if ``model`` is of another type or cannot be rebuilt from a file (a kernel
             with priors; a constraint, mean, kernel or model of another class than alacarte's
-            own, e.g. a user's subclass; values in another dtype than the model's), ``path`` is
-            a directory or in a folder that does not exist, or ``metadata`` is not
-            JSON-serialisable.
+            own, e.g. a user's subclass; values in another dtype than the model's); ``path``
+            is a directory or its directory is missing or not writable; ``metadata`` is not a
+            JSON-serialisable dict with str keys.
     """
     from . import __version__
 
