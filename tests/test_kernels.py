@@ -233,6 +233,24 @@ def test_misspelt_keyword_arguments_are_refused():
     assert [name for name, *_ in kernel.named_priors()] == ["lengthscale_prior"]
 
 
+def test_ard_num_dims_other_than_the_input_width_is_refused():
+    """ard_num_dims=1 with num_dims=3 was accepted (as an isotropic kernel) but GPyTorch reads ard_num_dims as
+    the input width: every kernel(x), and so fit(), raised its RuntimeError 'Expected the input to have 1
+    dimensionality'.  Isotropic is ard_num_dims=None."""
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    builds = (lambda **kw: FSARDKernel(3, 8, seed=0, **kw), lambda **kw: RandomFourierKernel(3, 8, seed=0, **kw),
+              lambda **kw: SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0, **kw))
+    x = torch.randn(5, 3)
+    for build in builds:
+        for bad in (1, 2, 4):
+            with pytest.raises(ValueError, match=f"ard_num_dims must be num_dims=3 .* or None .*, got {bad}"):
+                build(ard_num_dims=bad)
+        for good in (3, None):
+            assert build(ard_num_dims=good)(x).to_dense().shape == (5, 5)
+    assert FSARDKernel(1, 8, ard_num_dims=1, seed=0)(torch.randn(5, 1)).to_dense().shape == (5, 5)
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

@@ -125,8 +125,11 @@ class FeatureKernel(Kernel):
         ard_num_dims = kwargs.get("ard_num_dims")
         if ard_num_dims is not None:  # a Python int too: a fit checkpoint's fingerprint hashes it as it is stored
             ard_num_dims = kwargs["ard_num_dims"] = check_positive_int(ard_num_dims, "ard_num_dims")
-            if ard_num_dims not in (1, num_dims):
-                raise ValueError(f"ard_num_dims must be 1 or num_dims={num_dims}, got {ard_num_dims}")
+            # GPyTorch reads ard_num_dims as the input width: its Kernel.__call__ refuses (RuntimeError, debug
+            # mode, on by default) inputs of any other width, so ard_num_dims=1 for d > 1 fails at every call.
+            if ard_num_dims != num_dims:
+                raise ValueError(f"ard_num_dims must be num_dims={num_dims} (a lengthscale per input) or None "
+                                 f"(one shared lengthscale), got {ard_num_dims}")
         if not type(self).has_lengthscale:  # GPyTorch's Kernel would drop them without a word
             for key in ("lengthscale_prior", "lengthscale_constraint"):
                 if kwargs.get(key) is not None:
