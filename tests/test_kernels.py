@@ -251,6 +251,17 @@ def test_ard_num_dims_other_than_the_input_width_is_refused():
     assert FSARDKernel(1, 8, ard_num_dims=1, seed=0)(torch.randn(5, 1)).to_dense().shape == (5, 5)
 
 
+def test_active_dims_of_another_count_than_num_dims_are_refused():
+    """FSARDKernel(3, 8, active_dims=[0, 1]) was built, then every call on 6-column inputs failed with
+    'built for 3 input dimensions, got 2' (or GPyTorch's RuntimeError with ard_num_dims=3)."""
+    for kwargs in ({}, {"ard_num_dims": 3}):
+        with pytest.raises(ValueError, match=r"active_dims selects 2 inputs \(\[0, 1\]\), but num_dims=3"):
+            FSARDKernel(3, 8, active_dims=[0, 1], seed=0, **kwargs)
+    x = torch.randn(5, 6)
+    kernel = FSARDKernel(3, 8, active_dims=[4, 0, 2], seed=0)
+    assert torch.equal(kernel(x).to_dense(), kernel.features(x[:, [4, 0, 2]]) @ kernel.features(x[:, [4, 0, 2]]).T)
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

@@ -141,6 +141,11 @@ class FeatureKernel(Kernel):
         elif simplex_size is not None or not learn_simplex_size:
             raise ValueError("simplex_size and learn_simplex_size apply only with simplex=True")
         super().__init__(**kwargs)
+        # GPyTorch's __call__ hands forward only the active columns: any other count fails at every call,
+        # with an error about the selected width (2) where the caller passed, say, 6 columns.
+        if self.active_dims is not None and self.active_dims.numel() != num_dims:
+            raise ValueError(f"active_dims selects {self.active_dims.numel()} inputs "
+                             f"({self.active_dims.tolist()}), but num_dims={num_dims}")
         self.num_dims = num_dims
         self.num_samples = num_samples
         if self.simplex:
