@@ -262,6 +262,17 @@ def test_active_dims_of_another_count_than_num_dims_are_refused():
     assert torch.equal(kernel(x).to_dense(), kernel.features(x[:, [4, 0, 2]]) @ kernel.features(x[:, [4, 0, 2]]).T)
 
 
+def test_wrappers_that_ask_for_last_dim_is_batch_are_named_in_the_refusal():
+    """GridInterpolationKernel(FastfoodRBFKernel(...)) failed with '... does not support last_dim_is_batch':
+    a flag the user never passed (GPyTorch's GridKernel passes it, for one 1-d kernel per input column)."""
+    import gpytorch
+
+    x = torch.rand(10, 2)
+    wrapped = gpytorch.kernels.GridInterpolationKernel(FastfoodRBFKernel(2, 16, seed=0), grid_size=8, num_dims=2)
+    with pytest.raises(ValueError, match="last_dim_is_batch .* GridInterpolationKernel"):
+        wrapped(x).to_dense()
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

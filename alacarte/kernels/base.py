@@ -310,7 +310,11 @@ class FeatureKernel(Kernel):
     def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, last_dim_is_batch: bool = False,
                 **params) -> Tensor | LowRankRootLinearOperator | MatmulLinearOperator:
         if last_dim_is_batch:
-            raise ValueError(f"{type(self).__name__} does not support last_dim_is_batch (deprecated in GPyTorch)")
+            # Users meet this through GPyTorch's wrappers, which pass the flag themselves: say which.
+            raise ValueError(f"{type(self).__name__} does not support last_dim_is_batch (deprecated in GPyTorch; "
+                             "a kernel per input column), so GPyTorch's GridKernel, GridInterpolationKernel, "
+                             "AdditiveStructureKernel and ProductStructureKernel, which ask for it, cannot wrap it: "
+                             "its features map all inputs together")
         # Equal values count as the same input only when no gradient flows to them: the shortcut
         # would give x2 no gradient and x1 the symmetric one (doubled for a constant x2).
         tracked = torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad)
