@@ -273,6 +273,18 @@ def test_wrappers_that_ask_for_last_dim_is_batch_are_named_in_the_refusal():
         wrapped(x).to_dense()
 
 
+def test_fourier_features_take_a_zero_dimensional_scale():
+    """fourier_features(proj, torch.tensor(0.5)) raised IndexError (scale.shape[-1] of a 0-d tensor), though its
+    docstring takes any scale broadcastable to (..., n, 1)."""
+    from alacarte.features.fourier import fourier_features
+
+    proj = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    scale = torch.tensor(0.7, dtype=torch.float64, requires_grad=True)
+    expected = 0.7 * torch.cat([proj.cos(), proj.sin()], -1)
+    assert torch.allclose(fourier_features(proj, scale), expected, rtol=1e-15, atol=0)
+    assert torch.autograd.gradcheck(fourier_features, (proj, scale))
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

@@ -19,7 +19,7 @@ __all__ = ["fourier_features"]
 
 def _both_halves(scale: Tensor) -> Tensor:
     """A per-frequency weight (…, M) applies to the cos and the sin feature."""
-    return scale if scale.shape[-1] == 1 else torch.cat([scale, scale], -1)
+    return scale if scale.dim() == 0 or scale.shape[-1] == 1 else torch.cat([scale, scale], -1)
 
 
 class _FourierFeatures(torch.autograd.Function):
