@@ -67,9 +67,10 @@ class FeatureKernel(Kernel):
     the variables in use.
 
     ``forward(x1, x2)`` returns a ``LowRankRootLinearOperator`` of the features
-    when ``x1`` equals ``x2``, a ``MatmulLinearOperator`` of the two feature
-    matrices otherwise, and ``k(x, x)`` without computing features for
-    ``diag=True`` on equal inputs.
+    when ``x1`` equals ``x2`` (the same tensor, or equal values to which no gradient
+    flows: a distinct copy that requires grad gets its own gradient), a
+    ``MatmulLinearOperator`` of the two feature matrices otherwise, and ``k(x, x)``
+    without computing features for ``diag=True`` on equal inputs.
 
     Args:
         num_dims: input dimension ``d`` (the random state depends on it).
