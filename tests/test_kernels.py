@@ -285,6 +285,29 @@ def test_fourier_features_take_a_zero_dimensional_scale():
     assert torch.autograd.gradcheck(fourier_features, (proj, scale))
 
 
+def test_batch_indices_beyond_the_kernels_batch_shape():
+    """k(x) for inputs of batch shape (3, 1) and a kernel of batch_shape (2,) is (3, 2, n, n); GPyTorch's lazy
+    kernel tensor indexed [:, 1] indexes the kernel with (:, 1), which for GM reached the component dimension of
+    every parameter (0.6 off, silently) and for PWL failed with a RuntimeError."""
+    from alacarte import PiecewiseLinearRadialKernel, SpectralMixtureFastfoodKernel
+
+    batch = torch.Size([2])
+    x = torch.randn(3, 1, 5, 3, dtype=torch.float64)
+    for kernel in (SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0, batch_shape=batch),
+                   PiecewiseLinearRadialKernel(3, 8, num_components=2, ard_num_dims=3, seed=0, batch_shape=batch),
+                   FSARDKernel(3, 8, ard_num_dims=3, seed=0, batch_shape=batch)):
+        kernel = kernel.double()
+        with torch.no_grad():
+            for param in kernel.parameters():
+                param.add_(0.3 * torch.randn_like(param))
+        full = kernel(x).to_dense()
+        for index in ((slice(None), 1), (2, 0)):
+            assert torch.allclose(kernel(x)[index].to_dense(), full[index], rtol=1e-12, atol=1e-14)
+        with pytest.raises(IndexError, match=r"2 indices for a kernel of batch_shape \(2,\)"):
+            kernel[:, 1]
+        assert torch.allclose(kernel[1](x[0]).to_dense(), full[0, 1], rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

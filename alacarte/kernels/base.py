@@ -184,6 +184,17 @@ class FeatureKernel(Kernel):
         """D = 2M, the length of φ(x)."""
         return 2 * self.num_samples
 
+    def __getitem__(self, index) -> FeatureKernel:
+        # GPyTorch's Kernel.__getitem__ applies the index to every parameter and buffer as it stands, so an index
+        # longer than batch_shape reached their trailing dimensions: the mixture kernels' component dimension
+        # (GM of batch_shape (2,) indexed [:, 1] took component 1 of each batch, silently).  GPyTorch's
+        # LazyEvaluatedKernelTensor indexes the kernel with its output's batch index, longer where the inputs
+        # have more batch dimensions, and on an IndexError expands the kernel to that batch shape first.
+        index = index if isinstance(index, tuple) else (index,)
+        if len(self.batch_shape) and len(index) > len(self.batch_shape):
+            raise IndexError(f"{len(index)} indices for a kernel of batch_shape {tuple(self.batch_shape)}")
+        return super().__getitem__(index)
+
     # -- lengthscales, plain or on the simplex ------------------------------------------
     @property
     def lengthscale(self) -> Tensor | None:
