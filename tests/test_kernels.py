@@ -1,4 +1,5 @@
 """Every feature kernel inherits the shared test case in kernel_cases.py."""
+import copy
 import unittest
 
 import pytest
@@ -306,6 +307,23 @@ def test_batch_indices_beyond_the_kernels_batch_shape():
         with pytest.raises(IndexError, match=r"2 indices for a kernel of batch_shape \(2,\)"):
             kernel[:, 1]
         assert torch.allclose(kernel[1](x[0]).to_dense(), full[0, 1], rtol=1e-12, atol=1e-14)
+
+
+def test_half_precision_kernels_keep_their_signal_variance():
+    """Feature weights were √(σ_f²/M) clamped at the dtype's smallest normal: in float16, σ_f²/M = 0.1/4096 is
+    subnormal, so the clamp raised it and k(x, x) from the features was 0.25 where σ_f² = 0.1 (and
+    k(x, diag=True) said 0.1); likewise a mixture weight of 0.1 over 2048 frequencies."""
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    x = torch.randn(6, 3, dtype=torch.float64)
+    rff = RandomFourierKernel(3, 4096, seed=0).double()
+    rff.outputscale = 0.1
+    mixture = SpectralMixtureFastfoodKernel(3, 4096, num_components=2, seed=0).double()
+    mixture.weights = torch.tensor([0.1, 0.3])
+    for kernel in (rff, mixture):
+        exact = kernel(x).to_dense()
+        half = copy.deepcopy(kernel).half()(x.half()).to_dense().double()
+        assert (half - exact).abs().max() < 2e-3, (half - exact).abs().max()
 
 
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
