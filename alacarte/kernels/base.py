@@ -294,12 +294,18 @@ class FeatureKernel(Kernel):
         return self.outputscale
 
     def features(self, x: Tensor) -> Tensor:
-        """The feature matrix Φ, (..., n, d) → (..., n, 2M).
+        """The feature matrix Φ, (..., n, d) → (..., n, 2M); of the ``active_dims`` columns of x where the
+        kernel has them, as ``kernel(x)`` is (GPyTorch selects them before :meth:`forward`).
 
         Raises:
             ValueError: if ``x`` has another number of columns or dtype than the kernel, or a
                 batch shape that does not broadcast with the kernel's.
         """
+        if self.active_dims is not None:
+            x = x.index_select(-1, self.active_dims)
+        return self._features(x)
+
+    def _features(self, x: Tensor) -> Tensor:
         scale = self.feature_scale()
         self._check_inputs(x, scale.dtype)
         return fourier_features(self.projection(x), scale)
@@ -338,8 +344,8 @@ class FeatureKernel(Kernel):
             variance = self.prior_variance()
             batch = self._check_inputs(x1, variance.dtype)
             return variance.view(*self.batch_shape, 1).expand(*batch, x1.shape[-2])
-        z1 = self.features(x1)
-        z2 = z1 if same else self.features(x2)
+        z1 = self._features(x1)  # the active columns already
+        z2 = z1 if same else self._features(x2)
         if diag:
             return (z1 * z2).sum(-1)
         if same:
