@@ -341,6 +341,16 @@ def test_features_select_the_active_dims_as_the_kernel_does():
         assert torch.equal(phi, kernel.features(inputs[:, dims]))
 
 
+def test_every_kernel_prints_its_size():
+    """print(kernel) showed only the constraints for every kernel but GM and PWL: no d, no M."""
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    assert "num_dims=3, num_samples=8\n" in repr(FSARDKernel(3, 8, seed=0))
+    assert "num_dims=3, num_samples=8\n" in repr(SSGPRKernel(3, 8, seed=0))
+    assert "num_dims=3, num_samples=8, num_components=2\n" in repr(
+        SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0))
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

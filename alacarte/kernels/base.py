@@ -184,6 +184,9 @@ class FeatureKernel(Kernel):
         """D = 2M, the length of φ(x)."""
         return 2 * self.num_samples
 
+    def extra_repr(self) -> str:
+        return f"num_dims={self.num_dims}, num_samples={self.num_samples}"
+
     def __getitem__(self, index) -> FeatureKernel:
         # GPyTorch's Kernel.__getitem__ applies the index to every parameter and buffer as it stands, so an index
         # longer than batch_shape reached their trailing dimensions: the mixture kernels' component dimension
@@ -422,4 +425,4 @@ class MixtureFeatureKernel(FeatureKernel):
         return self.weights.sum(-1)
 
     def extra_repr(self) -> str:
-        return f"num_dims={self.num_dims}, num_samples={self.num_samples}, num_components={self.num_components}"
+        return f"{super().extra_repr()}, num_components={self.num_components}"
