@@ -351,6 +351,29 @@ def test_every_kernel_prints_its_size():
         SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0))
 
 
+def test_indexing_and_expanding_a_batch_kernel_keep_its_active_dims():
+    """GPyTorch's Kernel.__getitem__ indexes every buffer, active_dims too: kernel[1] of a kernel with
+    active_dims [4, 0, 2] and batch_shape (2,) had active_dims tensor(0) ('built for 3 input dimensions, got 1';
+    GPyTorch's RBFKernel keeps column 0 silently); expand_batch made them a (3, 3) matrix."""
+    from alacarte import SpectralMixtureFastfoodKernel
+
+    x = torch.randn(5, 6, dtype=torch.float64)
+    for kernel in (FSARDKernel(3, 8, active_dims=[4, 0, 2], seed=0, batch_shape=torch.Size([2])),
+                   SSGPRKernel(3, 8, active_dims=[4, 0, 2], seed=0, batch_shape=torch.Size([2])),
+                   SpectralMixtureFastfoodKernel(3, 8, num_components=2, active_dims=[4, 0, 2], seed=0,
+                                                 batch_shape=torch.Size([2]))):
+        kernel = kernel.double()
+        with torch.no_grad():
+            for param in kernel.parameters():
+                param.add_(0.3 * torch.randn_like(param))
+        full = kernel(x).to_dense()
+        assert kernel[1].active_dims.tolist() == [4, 0, 2] and kernel[1].batch_shape == torch.Size([])
+        assert torch.allclose(kernel[1](x).to_dense(), full[1], rtol=1e-12, atol=1e-14)
+        expanded = kernel.expand_batch(3, 2)
+        assert expanded.active_dims.tolist() == [4, 0, 2] and kernel.active_dims.tolist() == [4, 0, 2]
+        assert torch.allclose(expanded(x).to_dense(), full.expand(3, 2, 5, 5), rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
     """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""

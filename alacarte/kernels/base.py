@@ -196,7 +196,22 @@ class FeatureKernel(Kernel):
         index = index if isinstance(index, tuple) else (index,)
         if len(self.batch_shape) and len(index) > len(self.batch_shape):
             raise IndexError(f"{len(index)} indices for a kernel of batch_shape {tuple(self.batch_shape)}")
-        return super().__getitem__(index)
+        return self._keeping_active_dims(super().__getitem__, index)
+
+    def expand_batch(self, *sizes) -> FeatureKernel:
+        return self._keeping_active_dims(super().expand_batch, *sizes)
+
+    def _keeping_active_dims(self, method, *args) -> FeatureKernel:
+        # GPyTorch's __getitem__ and expand_batch index or expand every buffer, and active_dims is one: [1] of a
+        # kernel with active_dims [4, 0, 2] kept column 0 alone (expand_batch made it a matrix).
+        active_dims = self.active_dims
+        self.active_dims = None
+        try:
+            kernel = method(*args)
+        finally:
+            self.active_dims = active_dims
+        kernel.active_dims = active_dims
+        return kernel
 
     # -- lengthscales, plain or on the simplex ------------------------------------------
     @property
