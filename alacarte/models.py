@@ -293,9 +293,8 @@ class FeatureGP(_StandardizedGP):
             raise ValueError(f"FeatureGP needs an alacarte FeatureKernel, got {type(kernel).__name__}")
         if kernel.active_dims is not None:
             raise ValueError(
-                "FeatureGP feeds all of its inputs to the kernel's features, so a kernel with active_dims would "
-                "see other columns in training and in prediction: select the columns in the data instead "
-                "(x[:, dims], num_dims=len(dims))"
+                "FeatureGP takes inputs of exactly the kernel's num_dims columns, so it does not take a kernel with "
+                "active_dims: select the columns in the data instead (x[:, dims], num_dims=len(dims))"
             )
         super().__init__(train_x, train_y, likelihood, kernel.num_dims)  # (checks the likelihood)
         self.covar_module = kernel
