@@ -60,8 +60,10 @@ class FunctionSamples:
     """k posterior draws f(x) = μ + φ(x)ᵀw of a :class:`FeatureGP`, callable anywhere.
 
     Calling it on inputs (m, d) in original units returns a (k, m) tensor in the
-    targets' original units, in O(D) per point and draw.  The draws stay the functions
-    drawn: later changes to the model (a refit) do not change them.
+    targets' original units, in O(D) per point and draw, in chunks of rows as
+    :meth:`~FeatureGP.predict` (memory: the k×m draws and one chunk's features).
+    The draws stay the functions drawn: later changes to the model (a refit) do
+    not change them.
     """
 
     def __init__(self, model: "FeatureGP", weights: Tensor):
@@ -81,7 +83,9 @@ class FunctionSamples:
         model = self._model
         inner = model.internal_query_inputs(x)
         weights = self.weights.transpose(-1, -2).to(inner.dtype)
-        f = model.mean_module(inner).unsqueeze(-1) + model.covar_module.features(inner) @ weights
+        # A chunk of rows at a time: the features of all m rows at once are m×D (655 MB at m = 160 000, D = 512).
+        f = torch.cat([model.mean_module(part).unsqueeze(-1) + model.covar_module.features(part) @ weights
+                       for part in inner.split(model._chunk_rows())], dim=-2)
         f = (f * model.target_scale + model.target_offset).transpose(-1, -2)
         model.refuse_overflowed_rows(f)
         return f

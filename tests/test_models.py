@@ -832,6 +832,29 @@ def test_posterior_function_samples_match_the_predictive_moments():
             model.sample_functions(2, seed=seed)
 
 
+def test_function_samples_are_evaluated_in_bounded_chunks_of_rows():
+    """Draws evaluated at m points computed the features of all m rows at once, m×D (at m = 160 000
+    and D = 512 the peak memory grew by 954 MB, predict's by 63 MB): they take predict's chunks."""
+    x, y = toy_data(n=100)
+    model = feature_model(m=16)
+    fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    draws = model.sample_functions(3, seed=0)
+    x_test = toy_data(n=1000, seed=3)[0]
+    whole = draws(x_test)
+    rows = []
+    features = draws._model.covar_module.features
+
+    def recording_features(inputs):
+        rows.append(inputs.shape[-2])
+        return features(inputs)
+
+    with mock.patch("alacarte.models._CHUNK_BYTES", 32 * 8 * 3 * 64), \
+         mock.patch.object(draws._model.covar_module, "features", side_effect=recording_features):
+        chunked = draws(x_test)
+    assert max(rows) == 64 and sum(rows) == 1000
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+
+
 def test_priors_on_our_constrained_parameters_enter_the_likelihood_and_survive_pickling():
     """outputscale_prior= registers through the shared helper: its log density (at the
     constrained value) is added to the marginal likelihood, and the kernel still pickles."""
