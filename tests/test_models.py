@@ -9,6 +9,8 @@ import gpytorch
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import alacarte
 from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, RandomFourierKernel, WoodburyMarginalLogLikelihood, fit
@@ -221,6 +223,38 @@ def test_exact_posterior_covariance_of_test_rows_does_not_depend_on_the_other_ro
         cov = covariance(torch.cat([torch.tensor([[far, 0.0, 0.0]], dtype=torch.float64), good]))
         torch.testing.assert_close(cov[1:, 1:], alone, rtol=0, atol=1e-12)
         torch.testing.assert_close(cov[0, 1:], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the most numbers any one tensor produced by a torch operation held."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.numel = max([self.numel] + [t.numel() for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
+        return out
+
+
+def test_exact_prediction_chunks_bound_the_test_by_test_block():
+    """GPyTorch evaluates each chunk's test–test covariance (rows × rows), even for the mean; the chunk
+    rows counted only the rows × n cross-covariance (32 MiB / 8n rows): with n = 200 training rows, a
+    prediction at 20 000 points formed a 20 000 × 20 000 block (peak RSS +6.1 GB)."""
+    x, y = toy_data(n=50)
+    model = ExactRBFGP(None, None, num_dims=3).double()
+    fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    x_test = toy_data(n=3000, seed=3)[0]
+    budget = 8 * 50 * 1000  # bytes: 1000 rows of the cross-covariance alone
+    whole = model.predict(x_test)
+    with mock.patch("alacarte.models._CHUNK_BYTES", budget):
+        for mean_only in (True, False):
+            with _LargestTensor() as largest:
+                chunked = model.predict(x_test, mean_only=mean_only)
+            assert largest.numel <= budget // 8
+            torch.testing.assert_close(chunked.mean, whole.mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked.variance, whole.variance, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("ard", [True, False])
