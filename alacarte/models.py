@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import itertools
 import math
+import operator
 from typing import NamedTuple
 
 import gpytorch
@@ -414,8 +416,14 @@ class FeatureGP(_StandardizedGP):
             detach = not self.training and gpytorch.settings.detach_test_caches.on()
             with torch.no_grad() if detach else contextlib.nullcontext():
                 (x,) = self.train_inputs
-                phi = self.covar_module.features(x)
-                stats = sufficient_statistics(phi, self.train_targets - self.mean_module(x))
+                r = self.train_targets - self.mean_module(x)
+                # Without a graph to keep, the statistics are summed over predict's chunks of rows: the features
+                # of all n rows at once were n×D (+625 MB for 160 000 rows and 512 features, also in a process
+                # that only loads a model and predicts).
+                rows = self._chunk_rows() if detach else x.shape[-2]
+                stats = functools.reduce(operator.add, (
+                    sufficient_statistics(self.covar_module.features(x[..., s : s + rows, :]), r[..., s : s + rows])
+                    for s in range(0, x.shape[-2], rows)))
                 posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
             if self.training:
                 return posterior

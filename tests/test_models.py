@@ -239,6 +239,36 @@ class _LargestTensor(TorchDispatchMode):
         return out
 
 
+def test_the_posterior_for_prediction_sums_its_statistics_over_chunks_of_training_rows():
+    """The eval-mode posterior computed the features of all n training rows at once, n×D (a model fitted on
+    10 000 rows with 512 features: +39 MB at its first prediction, +2 MB in chunks; 160 000 rows: 625 MB),
+    also in a process that only loads a model and predicts. Without a graph to keep it takes predict's chunks;
+    in training mode (the likelihood's graph) all rows stay one product."""
+    x, y = toy_data(n=200)
+    model = feature_model(m=16)
+    fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    with torch.no_grad():
+        model.train()
+        whole = model.posterior()
+        model.eval()
+    features, rows = model.covar_module.features, []
+
+    def recording_features(inputs):
+        rows.append(inputs.shape[-2])
+        return features(inputs)
+
+    with mock.patch("alacarte.models._CHUNK_BYTES", 64 * 3 * 32 * 8), \
+         mock.patch.object(model.covar_module, "features", side_effect=recording_features):
+        chunked = model.posterior()
+        assert rows == [64, 64, 64, 8]
+        rows.clear()
+        model.train()
+        model.posterior()
+        assert rows == [200]
+    torch.testing.assert_close(chunked.cholesky, whole.cholesky, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(chunked.weights, whole.weights, rtol=1e-10, atol=1e-12)
+
+
 class _LiveTensors(TorchDispatchMode):
     """Weak references to every tensor a torch operation produced in the block."""
 
