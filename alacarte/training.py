@@ -540,6 +540,14 @@ def fit(
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("every parameter of the model is frozen (requires_grad=False): there is nothing to fit; "
                          "unfreeze one, or use the model as it is (model.eval())")
+    batched = [name for name, part in (("kernel", model.covar_module.batch_shape),
+                                       ("mean", model.mean_module.constant.shape),
+                                       ("noise", model.likelihood.noise.shape[:-1])) if len(part)]
+    if batched:
+        # One loss per member: its restarts, convergence and history are per model, and the backward of a
+        # batch of losses failed ('grad can be implicitly created only for scalar outputs').
+        raise ValueError(f"fit trains one model at a time; this one has a batch_shape in its {', '.join(batched)}: "
+                         "fit each member, or train the batch with a GPyTorch loop on the summed loss")
     streamed = is_streamed_input(x, y, chunk_size, memory_budget, statistics_dtype)
     if streamed:
         if not isinstance(model, FeatureGP):

@@ -1372,3 +1372,24 @@ def test_get_fantasy_model_conditions_on_the_added_rows_as_gpytorch_does():
         model.get_fantasy_model(x_new, y_new[0, :4])
     with pytest.raises(ValueError, match="non-finite"):
         model.get_fantasy_model(x_new, y_new[0].clone().fill_(float("nan")))
+
+
+@pytest.mark.parametrize("part", ["kernel", "mean", "noise"])
+def test_fit_refuses_a_batch_of_models_by_name(part):
+    """A batch-shaped kernel, mean or noise crashed fit with torch's 'grad can be implicitly created only
+    for scalar outputs' (one loss per member); fit trains one model at a time and now says so."""
+    x = torch.randn(30, 2, dtype=torch.float64)
+    y = torch.sin(x[:, 0])
+    batch = torch.Size([2])
+    kernel = FSARDKernel(2, 8, seed=0, batch_shape=batch if part == "kernel" else torch.Size([]))
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch if part == "noise" else torch.Size([]))
+    model = FeatureGP(x, y, kernel, likelihood).double()
+    if part == "mean":
+        model.mean_module = gpytorch.means.ConstantMean(batch_shape=batch).double()
+    with pytest.raises(ValueError, match=f"one model at a time; this one has a batch_shape in its {part}"):
+        fit(model, x, y, max_iter=2, progress=False)
+    exact = ExactRBFGP(x, y, num_dims=2).double()
+    exact.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(batch_shape=batch),
+                                                      batch_shape=batch).double()
+    with pytest.raises(ValueError, match="batch_shape in its kernel"):
+        fit(exact, x, y, max_iter=2, progress=False)
