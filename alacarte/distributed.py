@@ -207,7 +207,8 @@ def fit(
     :func:`check_identical_state`, statistics and gradients are summed over
     the processes, so every process takes the same steps and ends with the
     same parameters and posterior (over all rows).  Restarts take their
-    lengthscales from rank 0's first rows and the mean, noise and signal variance
+    lengthscales from the first rows of all processes in rank order, as one
+    process holding them all would, and the mean, noise and signal variance
     from all the processes' targets.  The progress bar shows on rank 0 only.  Every process
     first reads its rows once, so that bad rows on any process (non-finite
     values, another column count, none at all) make every process raise a

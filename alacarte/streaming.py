@@ -279,7 +279,8 @@ class ChunkedData:
             )
 
     def sample(self, model, num_rows: int = _INIT_ROWS) -> tuple[Tensor, Tensor]:
-        """The first ``num_rows`` rows, in the model's internal (standardised) units."""
+        """The first ``num_rows`` rows, in the model's internal (standardised) units; over several
+        processes, the first of all their rows in rank order (every process gets the same rows)."""
         xs, ys, count = [], [], 0
         for x_c, y_c in self.chunks(model):
             xs.append(x_c[: num_rows - count])
@@ -288,7 +289,30 @@ class ChunkedData:
             if count >= num_rows:
                 break
         x, y = torch.cat(xs), torch.cat(ys)
+        if self.distributed:
+            x, y = self._first_rows_of_all(x, y, num_rows)
         return model.internal_inputs(x), (y - model.target_offset) / model.target_scale
+
+    @torch.no_grad()
+    def _first_rows_of_all(self, x: Tensor, y: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
+        """The first ``num_rows`` of the processes' first rows ``x``, ``y``, in rank order: the rows one
+        process holding them all would take.  Rank 0's alone, the restarts of a fit over P processes
+        started elsewhere than those of the same fit on one (when rank 0 holds fewer than ``num_rows``)."""
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        counts = torch.zeros(world, dtype=torch.int64, device=x.device)
+        counts[rank] = x.shape[0]
+        before = self.all_reduce_(counts).cumsum(0) - counts
+        taken = (num_rows - before).clamp(min=0).minimum(counts).tolist()
+        rows = torch.cat([x, y.unsqueeze(-1)], -1)
+        parts = []
+        for source, size in enumerate(taken):  # (rank 0 alone, once it holds num_rows)
+            if size:
+                parts.append(rows[:size] if source == rank else rows.new_empty(size, rows.shape[1]))
+                self.broadcast_(parts[-1:], source)
+        rows = torch.cat(parts)
+        return rows[:, :-1], rows[:, -1]
 
     # -- collectives (no-ops on one process) ------------------------------------------------
     def all_reduce_(self, tensor: Tensor, maximum: bool = False) -> Tensor:
@@ -300,13 +324,13 @@ class ChunkedData:
         return tensor
 
     @torch.no_grad()
-    def broadcast_(self, tensors) -> None:
-        """Overwrite every process's ``tensors`` in place with rank 0's."""
+    def broadcast_(self, tensors, source: int = 0) -> None:
+        """Overwrite every process's ``tensors`` in place with those of rank ``source`` (in the group)."""
         if not self.distributed:
             return
         import torch.distributed as dist
 
-        src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        src = dist.get_global_rank(self.group, source) if self.group is not None else source
         for tensor in tensors:
             dist.broadcast(tensor, src=src, group=self.group)
 

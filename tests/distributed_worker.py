@@ -91,6 +91,13 @@ def main() -> None:
             except ValueError as err:
                 result["path"] = (str(err), len(reads))
             raise SystemExit
+        if scenario == "restarts":  # 3 processes of 21, 20 and 20 rows
+            result["sample"] = ChunkedData(x[rows], y[rows], chunk_size=7, distributed=True).sample(model, 25)
+            history = ad.fit(model, x[rows], y[rows], chunk_size=7, restarts=2, restart_iter=2, max_iter=3,
+                             progress=False)
+            result["restart_losses"], result["fit_loss"] = history.restart_losses, history.loss
+            result["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+            raise SystemExit
         if scenario == "checkpoint on one":  # only rank 1's checkpoint path cannot be written
             name = os.path.join(out_dir, "missing" if rank == 1 else "", f"fit{rank}.ckpt")
             try:

@@ -98,6 +98,23 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         assert torch.equal(value, results[1]["restarted_state"][name]), name
 
 
+def test_restarts_start_from_the_rows_one_process_would_take(tmp_path):
+    """Restarts initialised from rank 0's rows alone: over 3 processes (restart_iter=3, max_iter=10) the first
+    restart reached 1.872 per point, on one process 2.798, and the fitted parameters differed by up to 1.6."""
+    results, _ = _launch("restarts", tmp_path, ranks=(0, 1, 2), world_size=3)
+    x, y, model = make_case()
+    first_rows = model.internal_inputs(x[:25]), (y[:25] - model.target_offset) / model.target_scale
+    history = alacarte.fit(model, x, y, chunk_size=7, restarts=2, restart_iter=2, max_iter=3, progress=False)
+    for r in (0, 1, 2):
+        res = results[r]
+        assert "error" not in res and "exit" not in res, res
+        assert all(torch.equal(a, b) for a, b in zip(res["sample"], first_rows))  # rank 0's 21 and rank 1's first 4
+        assert torch.allclose(torch.tensor(res["restart_losses"]), torch.tensor(history.restart_losses), rtol=1e-8)
+        assert torch.allclose(torch.tensor(res["fit_loss"]), torch.tensor(history.loss), rtol=1e-8)
+        for name, value in model.state_dict().items():
+            assert _close(res["state"][name], value, 1e-8), name
+
+
 def test_processes_that_round_differently_still_take_rank_zeros_steps(tmp_path):
     """Rank 1's loss is off by 1e-12 (another CPU's BLAS): rank 0's point, loss and gradient are everyone's."""
     results, _ = _launch("rounding", tmp_path)
