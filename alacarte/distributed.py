@@ -127,10 +127,11 @@ def _gather_int(value: int, group) -> list[int]:
 def check_identical_state(model, group=None, timeout: float | None = None) -> None:
     """Raise unless every process's model has the same random Fastfood state and parameters.
 
-    Compares the kernel's ``seed`` and a SHA-256 checksum of every parameter
-    and buffer (bar the standardisation, which :func:`fit` sets from all
-    rows).  With gloo, a monitored barrier first names any process that does
-    not arrive within ``timeout`` seconds.
+    Compares the kernel's ``seed``, which parameters are trained
+    (``requires_grad``) and a SHA-256 checksum of every parameter and buffer
+    (bar the standardisation, which :func:`fit` sets from all rows).  With
+    gloo, a monitored barrier first names any process that does not arrive
+    within ``timeout`` seconds.
 
     Args:
         model: the model every process is about to train.
@@ -139,7 +140,8 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
 
     Raises:
         ValueError: if ``torch.distributed`` is not initialised, or the processes' models
-            differ (seed, number or values of parameters and buffers); every process raises.
+            differ (seed, which parameters are trained, number or values of parameters and
+            buffers); every process raises.
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("torch.distributed is not initialised: call alacarte.distributed.init() first")
@@ -150,13 +152,17 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     names = [name for name in model.state_dict() if name.split(".")[-1] not in _SET_BY_FIT]
     seed = getattr(model.covar_module, "seed", -1)
     seed = seed - 2**64 if seed >= 2**63 else seed  # seeds go up to 2⁶⁴ − 1; the tensor is int64
-    mine = torch.tensor([seed, len(names)] + [_checksum(model.state_dict()[n]) for n in names],
+    # Which parameters are trained decides what every evaluation broadcasts and sums: frozen otherwise on one
+    # process, the collectives mismatched (gloo aborted that process) or, where their sizes agreed, paired other
+    # parameters (rank 1's noise took rank 0's mean constant), and the processes ended with different models.
+    trained = _checksum(torch.tensor([p.requires_grad for p in model.parameters()]))
+    mine = torch.tensor([seed, trained, len(names)] + [_checksum(model.state_dict()[n]) for n in names],
                         dtype=torch.int64, device=device)
     sizes = _gather_int(mine.numel(), group)
     if len(set(sizes)) != 1:
         raise ValueError(
             "the processes hold different models (different numbers of parameters and buffers: "
-            f"{[s - 2 for s in sizes]}); build the same model on every process"
+            f"{[s - 3 for s in sizes]}); build the same model on every process"
         )
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
@@ -167,13 +173,16 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
         if int(other[0]) != int(reference[0]):
             problems.append(f"rank {rank} has kernel seed {int(other[0]) % 2**64}, "
                             f"rank 0 has {int(reference[0]) % 2**64}")
-        differing = [name for name, a, b in zip(names, reference[2:], other[2:]) if int(a) != int(b)]
+        if int(other[1]) != int(reference[1]):
+            problems.append(f"rank {rank} trains other parameters than rank 0 (requires_grad differs)")
+        differing = [name for name, a, b in zip(names, reference[3:], other[3:]) if int(a) != int(b)]
         if differing:
             problems.append(f"rank {rank} differs from rank 0 in {', '.join(differing)}")
     if problems:
         raise ValueError(
             "data-parallel training needs the same random Fastfood state and initial parameters on every "
-            "process (build the kernel with the same seed= everywhere): " + "; ".join(problems)
+            "process (build the kernel with the same seed= everywhere, and freeze the same parameters): "
+            + "; ".join(problems)
         )
 
 

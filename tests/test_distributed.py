@@ -146,6 +146,16 @@ def test_mismatched_seed_is_reported(tmp_path):
         assert "radius" in message  # FSARD's learned radii are drawn from the seed
 
 
+def test_parameters_frozen_on_one_process_only_are_reported(tmp_path):
+    """Unchecked, each evaluation broadcast rank 0's mean constant into rank 1's noise: no error, and the
+    processes ended with raw noises 2.94 and raw mean constants 0.24 apart."""
+    results, _ = _launch("frozen", tmp_path)
+    for r in (0, 1):
+        message = results[r].get("error", "")
+        assert "ValueError" in message and "rank 1 trains other parameters than rank 0 (requires_grad" in message, \
+            results[r]
+
+
 def test_a_process_without_rows_makes_every_process_raise_a_value_error(tmp_path):
     results, _ = _launch("empty", tmp_path)
     assert "rank(s) 1 cannot train on their rows" in results[0].get("error", ""), results[0]
