@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import os
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -58,6 +60,12 @@ __all__ = ["init", "shard", "check_identical_state", "fit"]
 
 # Standardisation buffers are set by fit from all processes' rows: not part of the start-up check.
 _SET_BY_FIT = ("input_offset", "input_scale", "target_offset", "target_scale")
+# fit's settings that every process must share (chunk sizes and the progress bar may differ): another lr on one
+# process took its own step after rank 0's last evaluation, and the processes ended with different models without
+# a word; another max_iter, tolerance or standardize ended its loop elsewhere, and the collectives mismatched
+# (gloo: a timeout or an abort).  Of the checkpoint, only whether there is one (rank 0 alone writes it).
+_SHARED_SETTINGS = ("optimizer", "max_iter", "restarts", "restart_iter", "lr", "tolerance", "standardize", "seed",
+                    "checkpoint")
 
 
 def init(timeout: float = 300.0, backend: str | None = None) -> None:
@@ -197,6 +205,24 @@ def _agree_on_inputs(problem: ValueError | None, group) -> None:
                          "every process needs valid, non-empty rows")
 
 
+def _agree_on_settings(fit_kwargs: dict, statistics_dtype: torch.dtype, group) -> None:
+    """Raise on every process unless all pass :func:`alacarte.fit` the same :data:`_SHARED_SETTINGS` and
+    accumulate the statistics in the same dtype (else their all-reduce mismatched)."""
+    settings = inspect.signature(_fit).bind_partial(**fit_kwargs)
+    settings.apply_defaults()
+    mine = {name: settings.arguments[name] for name in _SHARED_SETTINGS}
+    mine["checkpoint"] = mine["checkpoint"] is not None
+    mine["statistics_dtype"] = statistics_dtype
+    mine = {name: repr(value.item() if isinstance(value, np.generic) else value) for name, value in mine.items()}
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    problems = [f"rank {rank} has {name}={value} (rank 0: {gathered[0][name]})"
+                for rank, other in enumerate(gathered[1:], start=1)
+                for name, value in other.items() if value != gathered[0][name]]
+    if problems:
+        raise ValueError("every process must call fit with the same settings: " + "; ".join(problems))
+
+
 def fit(
     model,
     x,
@@ -221,7 +247,9 @@ def fit(
     from all the processes' targets.  The progress bar shows on rank 0 only.  Every process
     first reads its rows once, so that bad rows on any process (non-finite
     values, another column count, none at all) make every process raise a
-    ``ValueError``.
+    ``ValueError``; so do other settings on one process (``lr``, ``max_iter``,
+    ``statistics_dtype``, …: all but the chunk size, the progress bar and the
+    checkpoint's path).
 
     Args:
         model: a :class:`~alacarte.FeatureGP`, built alike (same ``seed``) on every process.
@@ -271,5 +299,6 @@ def fit(
     except ValueError as err:
         problem = err
     _agree_on_inputs(problem, group)
+    _agree_on_settings(fit_kwargs, data.statistics_dtype or model.input_offset.dtype, group)
     fit_kwargs.setdefault("progress", dist.get_rank(group) == 0)
     return _fit(model, data, **fit_kwargs)

@@ -97,6 +97,11 @@ def main() -> None:
             ad.fit(model, x[rows], y[rows], chunk_size=7, restarts=0, max_iter=3, progress=False)
             result["state"] = {k: v.clone() for k, v in model.state_dict().items()}
             raise SystemExit
+        if scenario == "settings":  # rank 1 asks for another step size and statistics dtype
+            ad.fit(model, x[rows], y[rows], chunk_size=7, optimizer="adam", restarts=0, max_iter=5,
+                   lr=0.2 if rank == 1 else None, statistics_dtype=torch.float32 if rank == 1 else None, progress=False)
+            result["state"] = {k: v.clone() for k, v in model.state_dict().items()}
+            raise SystemExit
         if scenario == "restarts":  # 3 processes of 21, 20 and 20 rows
             result["sample"] = ChunkedData(x[rows], y[rows], chunk_size=7, distributed=True).sample(model, 25)
             history = ad.fit(model, x[rows], y[rows], chunk_size=7, restarts=2, restart_iter=2, max_iter=3,

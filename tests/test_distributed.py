@@ -156,6 +156,16 @@ def test_parameters_frozen_on_one_process_only_are_reported(tmp_path):
             results[r]
 
 
+def test_other_settings_on_one_process_are_reported(tmp_path):
+    """Unchecked, another Adam lr on rank 1 (0.2, rank 0's 0.05) ended with models 0.15 apart and no error;
+    another statistics_dtype aborted rank 1 inside gloo."""
+    results, _ = _launch("settings", tmp_path)
+    for r in (0, 1):
+        message = results[r].get("error", "")
+        assert "ValueError: every process must call fit with the same settings: rank 1 has lr=0.2 (rank 0: None); " \
+               "rank 1 has statistics_dtype=torch.float32 (rank 0: torch.float64)" in message, results[r]
+
+
 def test_a_process_without_rows_makes_every_process_raise_a_value_error(tmp_path):
     results, _ = _launch("empty", tmp_path)
     assert "rank(s) 1 cannot train on their rows" in results[0].get("error", ""), results[0]
