@@ -50,7 +50,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._checkpoint import checkpoint_path
-from ._validation import check_nonnegative_int, check_positive_int
+from ._validation import check_nonnegative_int, check_positive_int, check_real
 from .models import FeatureGP
 from .streaming import ChunkedData, as_chunked_data
 from .training import FitHistory
@@ -79,6 +79,8 @@ def init(timeout: float = 300.0, backend: str | None = None) -> None:
     """
     if not dist.is_available():
         raise ValueError("this torch build has no torch.distributed support")
+    # torch took 0 or a negative timeout for one, and every process failed to connect "after -5000ms"
+    timeout = check_real(timeout, "timeout", 0)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -153,6 +155,7 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("torch.distributed is not initialised: call alacarte.distributed.init() first")
+    timeout = check_real(timeout, "timeout", 0, allow_none=True)
     device = _collective_device(group)
     if dist.get_backend(group) == "gloo":
         kwargs = {} if timeout is None else {"timeout": timedelta(seconds=timeout)}

@@ -70,6 +70,14 @@ def test_impossible_shards_are_refused(num_rows, rank, world_size, message):
         alacarte.distributed.shard(num_rows, rank, world_size)
 
 
+@pytest.mark.parametrize("timeout", [0, -5.0, float("nan"), float("inf")])
+def test_impossible_timeouts_are_refused(timeout):
+    """torch took 0 and −5 for timeouts (every process then failed to connect 'after -5000ms'), NaN and ∞
+    failed in timedelta ('cannot convert float NaN to integer', OverflowError)."""
+    with pytest.raises(ValueError, match="timeout must be a finite number in"):
+        alacarte.distributed.init(timeout=timeout)
+
+
 def test_two_gloo_processes_equal_one_process(tmp_path):
     results, _ = _launch("fit", tmp_path)
     for r in (0, 1):
