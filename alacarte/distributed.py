@@ -302,6 +302,7 @@ def fit(
     except ValueError as err:
         problem = err
     _agree_on_inputs(problem, group)
-    _agree_on_settings(fit_kwargs, data.statistics_dtype or model.input_offset.dtype, group)
+    model_dtype = model.input_offset.dtype if isinstance(model, FeatureGP) else None  # (fit refuses the others)
+    _agree_on_settings(fit_kwargs, data.statistics_dtype or model_dtype, group)
     fit_kwargs.setdefault("progress", dist.get_rank(group) == 0)
     return _fit(model, data, **fit_kwargs)

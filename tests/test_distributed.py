@@ -172,6 +172,7 @@ def test_other_settings_on_one_process_are_reported(tmp_path):
         message = results[r].get("error", "")
         assert "ValueError: every process must call fit with the same settings: rank 1 has lr=0.2 (rank 0: None); " \
                "rank 1 has statistics_dtype=torch.float32 (rank 0: torch.float64)" in message, results[r]
+        assert "ValueError: PlainGP needs all rows in memory" in results[r].get("plain", ""), results[r]
 
 
 def test_a_process_without_rows_makes_every_process_raise_a_value_error(tmp_path):
