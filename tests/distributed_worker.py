@@ -155,7 +155,7 @@ def main() -> None:
         result["fit_loss"] = history.loss
         result["state"] = {k: v.clone() for k, v in model.state_dict().items()}
         result["prediction"] = model.predict(x[:5]).mean
-        # Restarts initialise from rank 0's rows: every process must continue from the same point.
+        # Restarts initialise from all processes' first rows: every process must continue from the same point.
         ad.fit(model, ChunkedData(x[rows], y[rows], chunk_size=7), restarts=2, restart_iter=2, max_iter=2)
         result["restarted_state"] = {k: v.clone() for k, v in model.state_dict().items()}
     except SystemExit:
