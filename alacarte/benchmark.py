@@ -794,9 +794,6 @@ def report(args: argparse.Namespace) -> str:
         raise ValueError(f"{', '.join(args.csv)} hold(s) no results yet: run `alacarte bench run` first")
     rows = [r for _, r in every_row if r.get("status", "ok") == "ok"]
     timed_out = [r for _, r in every_row if r.get("status") == "timeout"]
-    timeouts = defaultdict(int)  # keyed by method: a timed-out row records no features
-    for r in timed_out:
-        timeouts[(r["dataset"], r["method"])] += 1
     paper = load_paper(args.paper)
     column_of = _column_of(rows)
     seen = {}
@@ -867,7 +864,8 @@ def report(args: argparse.Namespace) -> str:
         for m in methods:
             v = rmse[(ds, m)]
             if not v:
-                cells.append("timeout" if timeouts[(ds, m.method)] else "—")
+                cells.append("timeout" if any(r["dataset"] == ds and _timed_out_in(r, m, column_of)
+                                              for r in timed_out) else "—")
                 continue
             text = _fmt(np.mean(v), np.std(v)) + _split_count_marker(len(v))
             text = f"**{text}**" if ours[m] == best else text
@@ -895,6 +893,14 @@ def report(args: argparse.Namespace) -> str:
     if args.out:
         Path(args.out).write_text(text)
     return text
+
+
+def _timed_out_in(row: dict, column: Column, column_of) -> bool:
+    """Whether a timeout row belongs to a report column.  Such a row leaves blank what its cell
+    never learnt from the data (an exact GP's D, ``auto`` components): those match any column's."""
+    own = column_of(row)
+    return own._replace(features=own.features if _features(row) else column.features,
+                        components=own.components if row.get("components") else column.components) == column
 
 
 def _goals(datasets, methods, rmse, ran_as_fastfood, paper) -> list[str]:

@@ -591,6 +591,28 @@ def test_a_resumed_run_at_other_settings_runs_its_own_cells(tmp_path, capsys):
         assert "0 cells done, 1 to run" in out and shown in out, (setting, out)
 
 
+def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
+    """Timeouts were counted by method alone: a gm timeout at D=32 put "timeout" in the gm D=64 column
+    of a dataset that column never ran."""
+    import argparse
+
+    from alacarte.benchmark import append_row, report
+
+    path = tmp_path / "rows.csv"
+    append_row(path, _ok_row(split=0, num_features=32))
+    append_row(path, {**_ok_row(split=1, num_features=32), "status": "timeout", "rmse": "", "n_train": ""})
+    append_row(path, _ok_row(dataset="concrete", num_features=64))
+    append_row(path, {**_ok_row(dataset="concrete", method="exact-ard", num_features=""), "status": "timeout",
+                      "rmse": "", "n_train": "", "components": ""})  # (an exact GP's D is blank: any column's)
+    text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
+    header = next(line for line in text.splitlines() if line.startswith("| dataset | n train"))
+    assert "| exact-ard | gm D=32 | gm D=64 |" in header
+    yacht = next(line for line in text.splitlines() if line.startswith("| yacht |")).split(" | ")
+    concrete = next(line for line in text.splitlines() if line.startswith("| concrete |")).split(" | ")
+    assert yacht[2] == "—" and yacht[4] == "—"  # gm D=64 never ran yacht
+    assert concrete[2] == "timeout" and concrete[3] == "—"
+
+
 def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(tmp_path):
     import argparse
 
