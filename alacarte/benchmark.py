@@ -863,9 +863,9 @@ def report(args: argparse.Namespace) -> str:
         cells = []
         for m in methods:
             v = rmse[(ds, m)]
+            timed = sum(r["dataset"] == ds and _timed_out_in(r, m, column_of) for r in timed_out)
             if not v:
-                cells.append("timeout" if any(r["dataset"] == ds and _timed_out_in(r, m, column_of)
-                                              for r in timed_out) else "—")
+                cells.append("timeout" if timed else "—")
                 continue
             text = _fmt(np.mean(v), np.std(v)) + _split_count_marker(len(v))
             text = f"**{text}**" if ours[m] == best else text
@@ -874,6 +874,8 @@ def report(args: argparse.Namespace) -> str:
             fits = f" · {sum(ended)}/{len(ended)} converged" if ended else ""
             if any(at_floor[(ds, m)]):
                 fits += f" · {sum(at_floor[(ds, m)])}/{len(at_floor[(ds, m)])} at the noise floor"
+            if timed:  # (else the splits in brackets would seem never run)
+                fits += f" · {timed} timed out"
             on_gpu = f" · {np.mean(gpu_memory[(ds, m)]):.0f} MB GPU" if gpu_memory[(ds, m)] else ""
             cells.append(f"{text}{marker}<br><sub>{np.mean(seconds[(ds, m)]):.0f} s · "
                          f"{np.mean(memory[(ds, m)]):.0f} MB{on_gpu}{fits}</sub>")

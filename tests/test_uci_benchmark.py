@@ -610,6 +610,7 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
     yacht = next(line for line in text.splitlines() if line.startswith("| yacht |")).split(" | ")
     concrete = next(line for line in text.splitlines() if line.startswith("| concrete |")).split(" | ")
     assert yacht[2] == "—" and yacht[4] == "—"  # gm D=64 never ran yacht
+    assert yacht[3].startswith("**0.12 ± 0 [1]**") and yacht[3].endswith(" · 1 timed out</sub>")
     assert concrete[2] == "timeout" and concrete[3] == "—"
 
 
