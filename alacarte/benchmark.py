@@ -767,10 +767,13 @@ def _results(path: str) -> list[dict]:
             continue
         for name, number in _REPORTED_NUMBERS.items():
             try:
-                number(r[name])
+                value = number(r[name])
             except (TypeError, ValueError):
                 raise ValueError(f"{path}: the row of {r['dataset']}, split {r['split']}, {r['method']} has "
                                  f"{name} = {r[name]!r}, not a number") from None
+            if not math.isfinite(value):  # a NaN RMSE made every mean and ratio of its column NaN, and won
+                raise ValueError(f"{path}: the row of {r['dataset']}, split {r['split']}, {r['method']} has "
+                                 f"{name} = {r[name]!r}, not a finite number")
     return rows
 
 

@@ -515,6 +515,11 @@ def test_report_refuses_a_missing_or_foreign_results_file(tmp_path, capsys):
                        "yacht,0,gm,ok,abc,1.0,100,100\n")
     assert main(["bench", "report", "--csv", str(garbled)]) == 2
     assert "garbled.csv: the row of yacht, split 0, gm has rmse = 'abc', not a number" in capsys.readouterr().err
+    # A NaN RMSE made its column's mean NaN and counted it as the dataset's winner.
+    garbled.write_text("dataset,split,method,status,rmse,train_seconds,peak_rss_mb,max_iter,n_train\n"
+                       "yacht,0,gm,ok,nan,1.0,100,100,277\nyacht,0,pwl,ok,0.3,1.0,100,100,277\n")
+    assert main(["bench", "report", "--csv", str(garbled)]) == 2
+    assert "garbled.csv: the row of yacht, split 0, gm has rmse = 'nan', not a finite number" in capsys.readouterr().err
 
 
 def _ok_row(dataset="yacht", split=0, method="gm", rmse=0.12, **settings):
