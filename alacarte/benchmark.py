@@ -866,7 +866,9 @@ def report(args: argparse.Namespace) -> str:
         cells = []
         for m in methods:
             v = rmse[(ds, m)]
-            timed = sum(r["dataset"] == ds and _timed_out_in(r, m, column_of) for r in timed_out)
+            # (splits, not rows: a split another runner finished, or one that timed out twice, is not counted)
+            timed = len({int(r["split"]) for r in timed_out if r["dataset"] == ds and _timed_out_in(r, m, column_of)
+                         and (ds, int(r["split"]), m) not in seen})
             if not v:
                 cells.append("timeout" if timed else "—")
                 continue

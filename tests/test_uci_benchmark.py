@@ -607,6 +607,10 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
     append_row(path, _ok_row(split=0, num_features=32))
     append_row(path, {**_ok_row(split=1, num_features=32), "status": "timeout", "rmse": "", "n_train": ""})
     append_row(path, _ok_row(dataset="concrete", num_features=64))
+    # (split 2 timed out in one runner and finished in another, with 'auto' components: rows of two keys)
+    append_row(path, _ok_row(split=2, num_features=32, rmse=0.14))
+    append_row(path, {**_ok_row(split=2, num_features=32), "status": "timeout", "rmse": "", "n_train": "",
+                      "components": ""})
     append_row(path, {**_ok_row(dataset="concrete", method="exact-ard", num_features=""), "status": "timeout",
                       "rmse": "", "n_train": "", "components": ""})  # (an exact GP's D is blank: any column's)
     text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
@@ -615,7 +619,7 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
     yacht = next(line for line in text.splitlines() if line.startswith("| yacht |")).split(" | ")
     concrete = next(line for line in text.splitlines() if line.startswith("| concrete |")).split(" | ")
     assert yacht[2] == "—" and yacht[4] == "—"  # gm D=64 never ran yacht
-    assert yacht[3].startswith("**0.12 ± 0 [1]**") and yacht[3].endswith(" · 1 timed out</sub>")
+    assert yacht[3].startswith("**0.13 ± 0.01 [2]**") and yacht[3].endswith(" · 1 timed out</sub>")
     assert concrete[2] == "timeout" and concrete[3] == "—"
 
 
