@@ -441,9 +441,10 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ValueError: before any cell starts, for an unknown method or dataset, splits outside
             0..9, a setting every cell would fail on, a missing ``data`` folder or ``csv`` folder,
-            or a ``csv`` that is not a results file.
+            a ``csv`` that is not a results file, or a dataset whose files are missing (and cannot
+            be downloaded) or damaged.
     """
-    from .datasets.uci import canonical_name
+    from .datasets.uci import canonical_name, check_files
 
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
@@ -472,6 +473,8 @@ def run(args: argparse.Namespace) -> int:
              for m in dict.fromkeys(args.methods) if (ds, s, m) not in done]
     if args.limit is not None:
         cells = cells[: args.limit]
+    for ds in dict.fromkeys(ds for ds, *_ in cells):  # (else each of its cells would fail alone, after start-up)
+        check_files(ds, args.data)
     print(f"{len(done)} cells done, {len(cells)} to run", flush=True)
     _forget_checkpoints(cfg, done)  # those a runner stopped between writing a row and deleting them
     ctx = mp.get_context("spawn")

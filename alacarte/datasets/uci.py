@@ -152,7 +152,7 @@ def _download(folder: str, filename: str, target: Path, sha256: str) -> None:
         raise
 
 
-def _read_checked(path: Path, sha256: str) -> np.ndarray:
+def _checked_bytes(path: Path, sha256: str) -> bytes:
     if not path.is_file():
         raise ValueError(f"missing UCI file {str(path)!r}")
     raw = path.read_bytes()
@@ -162,18 +162,40 @@ def _read_checked(path: Path, sha256: str) -> np.ndarray:
             f"UCI file {str(path)!r} is damaged or not the expected version "
             f"(sha256 {digest[:12]}…, expected {sha256[:12]}…); replace it with a fresh copy"
         )
-    with gzip.open(io.BytesIO(raw)) as fh:
+    return raw
+
+
+def _read_checked(path: Path, sha256: str) -> np.ndarray:
+    with gzip.open(io.BytesIO(_checked_bytes(path, sha256))) as fh:
         return np.loadtxt(fh, delimiter=",", ndmin=2)
+
+
+def _fetch(folder: str, base: Path, download: bool) -> None:
+    """Download the dataset's missing files into ``base`` where allowed (the cache)."""
+    if download:
+        for filename in _FILES:
+            if not (base / filename).is_file():
+                _download(folder, filename, base / filename, _registry()[folder][filename])
+
+
+def check_files(name: str, data_dir: str | os.PathLike | None = None) -> None:
+    """What :func:`load_uci` does before it parses: find (or download) a dataset's files and check
+    their checksums.  The benchmark runner calls it for every dataset before it starts a cell, so that
+    a missing folder, an unreachable download or a damaged file is one error at once, not a failure
+    in every cell of the dataset after the cell's start-up."""
+    folder = canonical_name(name)
+    directory, download = _data_dir(data_dir)
+    base = directory / folder
+    _fetch(folder, base, download)
+    for filename in _FILES:
+        _checked_bytes(base / filename, _registry()[folder][filename])
 
 
 @functools.lru_cache(maxsize=8)
 def _load_arrays(folder: str, directory: str, download: bool) -> tuple[np.ndarray, np.ndarray]:
     entry = _registry()[folder]
     base = Path(directory) / folder
-    if download:
-        for filename in _FILES:
-            if not (base / filename).is_file():
-                _download(folder, filename, base / filename, entry[filename])
+    _fetch(folder, base, download)
     data = _read_checked(base / "data.csv.gz", entry["data.csv.gz"])
     masks = _read_checked(base / "test_mask.csv.gz", entry["test_mask.csv.gz"]).astype(bool)
     data.flags.writeable = False
