@@ -47,7 +47,7 @@ from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from ._validation import check_nonnegative_int, check_positive_int, check_real
-from .datasets.uci import UCI_NUM_SPLITS
+from .datasets.uci import UCI_NUM_SPLITS, load_uci
 from .training import noise_at_bound
 
 __all__ = ["METHODS", "main", "run", "report"]
@@ -124,10 +124,10 @@ def _run_cell(cell: tuple) -> dict:
     device = torch.device(cfg["device"])
     data = ac.load_uci(dataset, split, cfg["data"])
     n_train, d = data.x_train.shape
-    model_kind = model_name(method, n_train)
+    columns = _model_columns(method, n_train, cfg)
     components = mixture_components(cfg["components"], n_train)
     # Built on the CPU and then moved: the random frequencies are the same on every device.
-    model = make_model(model_kind, d, num_samples=cfg["num_samples"], num_components=components, seed=split)
+    model = make_model(columns["model"], d, num_samples=cfg["num_samples"], num_components=components, seed=split)
     if cfg["noise_floor"] != DEFAULT_NOISE_FLOOR:  # the default model untouched: its rows stay those of older runs
         model.likelihood.noise_covar.register_constraint("raw_noise", GreaterThan(cfg["noise_floor"]))
     model = model.to(device)
@@ -140,20 +140,25 @@ def _run_cell(cell: tuple) -> dict:
     y = torch.as_tensor(data.y_test, device=device)
     var = pred.observed_variance
     on_gpu = device.type == "cuda"
-    return _row(dataset, split, method, cfg, model=model_kind, status="ok",
+    return _row(dataset, split, method, cfg, status="ok", d=d, **columns,
                 rmse=float((pred.mean - y).pow(2).mean().sqrt()),
                 nlpd=float((0.5 * ((y - pred.mean) ** 2 / var + var.log() + math.log(2 * math.pi))).mean()),
                 train_seconds=round(history.seconds, 3), iterations=history.iterations,
                 converged=history.converged,
                 peak_rss_mb=round(peak_rss_mb(), 1),
-                n_train=n_train, d=d,
-                num_features=0 if model_kind.startswith("exact") else 2 * cfg["num_samples"],
-                components=components if method in ("gm", "pwl") else "",
                 device=f"cuda: {torch.cuda.get_device_name(device)}" if on_gpu else device.type,
                 peak_device_mb=round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if on_gpu else "",
                 noise=float(model.likelihood.noise.detach().min()),
                 noise_floor=float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound),
                 machine=machine_description(cfg["threads"]))
+
+
+def _model_columns(method: str, n_train: int, cfg: dict) -> dict:
+    """A cell's model, n, D and components as its row records them: they depend on its training points
+    (exact GPs run as Fastfood expansions at n ≥ 2000; ``auto`` components)."""
+    kind = model_name(method, n_train)
+    return {"model": kind, "n_train": n_train, "num_features": 0 if kind.startswith("exact") else 2 * cfg["num_samples"],
+            "components": mixture_components(cfg["components"], n_train) if method in ("gm", "pwl") else ""}
 
 
 def machine_description(threads: int) -> str:
@@ -606,27 +611,18 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                     proc.kill()
                     proc.join()
                     del running[index]
-                    _record(args, _row(dataset, split, method, cfg, status="timeout", model=method,
-                                       train_seconds=args.time_budget, **_settings_before_data(method, cfg)), bar)
+                    # The runner never sees the cell's model: its n, D and components are found from the
+                    # split (a timeout row without them, as before, matched a run at any D or components,
+                    # which then skipped the cell as done and never ran it).
+                    n_train, d = load_uci(dataset, split, cfg["data"]).x_train.shape
+                    _record(args, _row(dataset, split, method, cfg, status="timeout", train_seconds=args.time_budget,
+                                       d=d, **_model_columns(method, n_train, cfg)), bar)
                     _forget_checkpoints(cfg, [cell])
                 elif proc.exitcode not in (None, 0):  # died without a word: killed, out of memory
                     del running[index]
                     failures += _record(args, {"error": f"{dataset} split {split} {method}: worker died "
                                                         f"with exit code {proc.exitcode}"}, bar)
     return failures
-
-
-def _settings_before_data(method: str, cfg: dict) -> dict:
-    """The D and components of a timed-out cell (the runner never sees its model), where they do
-    not depend on its data.  A timeout row without them matched a run at any D or number of components, which
-    then skipped the cell as done and never ran it.  An exact GP's D (0, or 2M as a Fastfood
-    expansion at n ≥ 2000) and ``auto`` components depend on the number of training points: blank."""
-    values = {}
-    if not method.startswith("exact-"):
-        values["num_features"] = 2 * cfg["num_samples"]
-    if method in ("gm", "pwl") and cfg["components"] != "auto":
-        values["components"] = int(cfg["components"])
-    return values
 
 
 def _record(args, row: dict, bar) -> int:

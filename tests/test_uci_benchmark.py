@@ -75,6 +75,19 @@ def test_a_timeout_at_one_feature_count_does_not_count_as_done_at_another(tmp_pa
     path, gm = tmp_path / "gm.csv", ["--datasets", "servo", "--methods", "gm"]
     run(path, *gm, "--components", "2", "--time-budget", "0.5")
     assert "0 cells done, 1 to run" in run(path, *gm, "--components", "4")
+    # And where they depend on the data: 'auto' components (2 for servo's 151 training points), and an
+    # exact GP's D at n ≥ 2000 (gas: a Fastfood expansion of 2M features).  Those rows left them blank,
+    # so a run at --components 4, or at another D, skipped the cell as done.
+    path = tmp_path / "auto.csv"
+    run(path, *gm, "--time-budget", "0.5")
+    (row,) = read_rows(path)
+    assert (row["status"], row["n_train"], row["components"], row["num_features"]) == ("timeout", "151", "2", "32")
+    assert "0 cells done, 1 to run" in run(path, *gm, "--components", "4", "--time-budget", "0.5")
+    path, gas = tmp_path / "gas.csv", ["--datasets", "gas", "--methods", "exact-ard"]
+    run(path, *gas, "--time-budget", "0.5")
+    (row,) = read_rows(path)
+    assert (row["status"], row["model"], row["num_features"]) == ("timeout", "fastfood-ard", "32")
+    assert "0 cells done, 1 to run" in run(path, *gas, "--num-samples", "32", "--time-budget", "0.5")
 
 
 def _state_and_parent(pid: int | str) -> tuple[str, int] | None:
