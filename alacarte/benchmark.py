@@ -422,7 +422,9 @@ def parse_splits(text: str) -> list[int]:
             splits = [int(s) for s in text.split(",")]
     except ValueError:
         raise ValueError(f"splits must look like '0-9' or '0,3,5', got {text!r}") from None
-    if not splits or any(not 0 <= s <= 9 for s in splits):
+    if not splits:  # (a range from high to low)
+        raise ValueError(f"splits {text!r} is an empty range; write the lower split first, as in '0-9'")
+    if any(not 0 <= s <= 9 for s in splits):
         raise ValueError(f"splits must be in 0..9, got {text!r}")
     return splits
 

@@ -499,6 +499,7 @@ def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp
     (["--noise-floor", "0"], "--noise-floor must be a finite number in (0, inf)"),
     (["--noise-floor", "nan"], "--noise-floor must be a finite number in (0, inf)"),
     (["--noise-floor", "1"], "--noise-floor must be below 1, the standardised targets' variance"),
+    (["--splits", "3-1"], "splits '3-1' is an empty range"),  # (was: 'splits must be in 0..9, got '3-1'')
 ])
 def test_settings_no_cell_could_run_with_are_refused_before_any_cell_runs(tmp_path, capsys, setting, message):
     from alacarte.cli import main
