@@ -24,7 +24,7 @@ from .kernels import FeatureKernel
 from .models import FeatureGP
 from .training import FitHistory, _current_loss, fit
 
-__all__ = ["AlaCarteRegressor"]
+__all__ = ["AlaCarteRegressor", "kernel_relevance"]
 
 
 def _as_seed(random_state) -> int:
