@@ -120,6 +120,11 @@ def _checksum(tensor: Tensor) -> int:
     return int.from_bytes(digest[:8], "little", signed=True)
 
 
+def _floating_dtype(state: dict[str, Tensor]) -> str:
+    """The floating dtypes of a state dict's tensors, for a message ('torch.float64')."""
+    return " and ".join(sorted({str(t.dtype) for t in state.values() if t.is_floating_point()})) or "not floating"
+
+
 def _collective_device(group) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -138,7 +143,7 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     """Raise unless every process's model has the same random Fastfood state and parameters.
 
     Compares the kernel's ``seed``, which parameters are trained
-    (``requires_grad``) and a SHA-256 checksum of every parameter and buffer
+    (``requires_grad``), the tensors' dtypes and a SHA-256 checksum of every parameter and buffer
     (bar the standardisation, which :func:`fit` sets from all rows).  With
     gloo, a monitored barrier first names any process that does not arrive
     within ``timeout`` seconds.
@@ -150,8 +155,8 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
 
     Raises:
         ValueError: if ``torch.distributed`` is not initialised, or the processes' models
-            differ (seed, which parameters are trained, number or values of parameters and
-            buffers); every process raises.
+            differ (seed, which parameters are trained, dtypes, number or values of parameters
+            and buffers); every process raises.
     """
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError("torch.distributed is not initialised: call alacarte.distributed.init() first")
@@ -167,13 +172,17 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     # process, the collectives mismatched (gloo aborted that process) or, where their sizes agreed, paired other
     # parameters (rank 1's noise took rank 0's mean constant), and the processes ended with different models.
     trained = _checksum(torch.tensor([p.requires_grad for p in model.parameters()]))
-    mine = torch.tensor([seed, trained, len(names)] + [_checksum(model.state_dict()[n]) for n in names],
+    state = model.state_dict()
+    # (A model in another dtype differs in every tensor's checksum; named as such, not as every tensor.)
+    dtypes = int.from_bytes(hashlib.sha256(" ".join(str(state[n].dtype) for n in names).encode()).digest()[:8],
+                            "little", signed=True)
+    mine = torch.tensor([seed, trained, dtypes, len(names)] + [_checksum(state[n]) for n in names],
                         dtype=torch.int64, device=device)
     sizes = _gather_int(mine.numel(), group)
     if len(set(sizes)) != 1:
         raise ValueError(
             "the processes hold different models (different numbers of parameters and buffers: "
-            f"{[s - 3 for s in sizes]}); build the same model on every process"
+            f"{[s - 4 for s in sizes]}); build the same model on every process"
         )
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
@@ -186,7 +195,11 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
                             f"rank 0 has {int(reference[0]) % 2**64}")
         if int(other[1]) != int(reference[1]):
             problems.append(f"rank {rank} trains other parameters than rank 0 (requires_grad differs)")
-        differing = [name for name, a, b in zip(names, reference[3:], other[3:]) if int(a) != int(b)]
+        if int(other[2]) != int(reference[2]):
+            problems.append(f"rank {rank} holds its parameters and buffers in other dtypes than rank 0 (this "
+                            f"process's model is {_floating_dtype(state)}; convert the model alike everywhere)")
+            continue
+        differing = [name for name, a, b in zip(names, reference[4:], other[4:]) if int(a) != int(b)]
         if differing:
             problems.append(f"rank {rank} differs from rank 0 in {', '.join(differing)}")
     if problems:

@@ -72,6 +72,8 @@ def main() -> None:
         ad.init(timeout=float(os.environ.get("ALACARTE_TEST_TIMEOUT", "20")))
         x, y, model = make_case(seed=rank * (2**64 - 1) if scenario == "seed" else 0)
         rows = ad.shard(len(x))
+        if scenario == "dtype" and rank == 1:  # rank 1's model in float32, rank 0's in float64
+            model = model.float()
         ad.check_identical_state(model)
         if scenario == "checkpoint":
             result.update(resume_from_checkpoint(x[rows], y[rows], os.path.join(out_dir, "fit.ckpt")))

@@ -154,6 +154,17 @@ def test_mismatched_seed_is_reported(tmp_path):
         assert "radius" in message  # FSARD's learned radii are drawn from the seed
 
 
+def test_a_model_in_another_dtype_on_one_process_is_reported_as_such(tmp_path):
+    """A float32 model on rank 1 against float64 on rank 0 was reported as differing in every one of its
+    tensors, with the advice to build the kernel with the same seed."""
+    results, _ = _launch("dtype", tmp_path)
+    for r, dtype in ((0, "torch.float64"), (1, "torch.float32")):
+        message = results[r].get("error", "")
+        assert "ValueError" in message and "rank 1 holds its parameters and buffers in other dtypes than rank 0 " \
+            f"(this process's model is {dtype};" in message, results[r]
+        assert "differs from rank 0 in" not in message, message
+
+
 def test_parameters_frozen_on_one_process_only_are_reported(tmp_path):
     """Unchecked, each evaluation broadcast rank 0's mean constant into rank 1's noise: no error, and the
     processes ended with raw noises 2.94 and raw mean constants 0.24 apart."""
