@@ -7,8 +7,8 @@ in ``<csv stem>.checkpoints/`` beside the CSV, so a cell killed mid-fit goes on
 from it on the next run and writes the row the uninterrupted cell would have
 written; the file is deleted once the cell's row is written (the folder
 stays).  A cell that outlives its time budget is stopped and recorded as
-``timeout`` (not retried); a cell that raises is reported and retried on the
-next run.
+``timeout`` (not retried, unless a later run gives a longer ``--time-budget``);
+a cell that raises is reported and retried on the next run.
 
 Protocol as in the À la carte paper: inputs standardised on the training
 split, RMSE in the target's original units, the same number of basis functions
@@ -294,7 +294,8 @@ def append_row(path: str | os.PathLike, row: dict) -> bool:
                     if (header := _header(path)) != FIELDS:
                         raise ValueError(f"{path} has the columns {header}, this runner writes {FIELDS}; "
                                          "`alacarte bench run` upgrades an older results file before it appends")
-                    if any(_cell_key(r) == _cell_key(row) for r in read_rows(path) if _complete(r)):
+                    if any(_cell_key(r) == _cell_key(row) and _supersedes(r, row)
+                           for r in read_rows(path) if _complete(r)):
                         return False
                 csv.DictWriter(fh, FIELDS).writerow(row)
                 fh.flush()
@@ -317,6 +318,14 @@ def _drop_incomplete_last_line(fh) -> str:
         return data[keep:].decode("utf-8", "replace")
     fh.seek(0, os.SEEK_END)
     return ""
+
+
+def _supersedes(old: dict, new: dict) -> bool:
+    """Whether a recorded row of a cell makes a new row of it redundant: a result does; a timeout
+    only a new timeout at no longer a budget (a timeout row's train_seconds is its budget)."""
+    if old["status"] == "ok":
+        return True
+    return new["status"] == "timeout" and float(new["train_seconds"]) <= float(old["train_seconds"])
 
 
 def _complete(row: dict) -> bool:
@@ -443,7 +452,8 @@ def run(args: argparse.Namespace) -> int:
 
     Returns:
         The exit status, 1 if any cell failed (it is not written, and runs again on the
-        next run), else 0.  A cell stopped at ``time_budget`` is written as ``timeout``, not a failure.
+        next run), else 0.  A cell stopped at ``time_budget`` is written as ``timeout``, not a failure,
+        and runs again only in a run with a longer ``time_budget``.
 
     Raises:
         ValueError: before any cell starts, for an unknown method or dataset, splits outside
@@ -465,13 +475,19 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(folder):
         raise ValueError(f"--csv {args.csv}: its folder {folder} does not exist")
     upgrade_csv(args.csv)
-    done, other = set(), []
+    done, other, retried = set(), [], set()
     for r in _finished_rows(args.csv):
+        if r["status"] == "timeout" and args.time_budget is not None and args.time_budget > float(r["train_seconds"]):
+            retried.add((r["dataset"], int(r["split"]), r["method"]))  # (done below if a row has its result)
+            continue
         why = _other_setting(r, args)
         if why is None:
             done.add((r["dataset"], int(r["split"]), r["method"]))
         else:
             other.append(f"{r['dataset']} split {r['split']} {r['method']}: {why}")
+    if retried - done:
+        print(f"{len(retried - done)} timed-out cells run again: this run's --time-budget ({args.time_budget:g} s) "
+              "is longer than theirs", flush=True)
     if other:
         print(f"{len(other)} rows of {args.csv} ran with other settings (e.g. {other[0]}): not counted as done; "
               "this run's rows go beside them, in report columns of their own", flush=True)
@@ -1081,7 +1097,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--noise-floor", type=float, default=DEFAULT_NOISE_FLOOR,
                    help="lower bound on the noise variance σ² in standardised units (default: GPyTorch's)")
     r.add_argument("--time-budget", type=float, default=None,
-                   help="seconds per cell before it is stopped (counted afresh when a killed cell resumes)")
+                   help="seconds per cell before it is stopped (counted afresh when a killed cell resumes); "
+                        "cells that timed out at a shorter budget run again")
     r.add_argument("--limit", type=int, default=None, help="run at most this many cells (testing)")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar; one line per cell")
     r.set_defaults(bench=run)

@@ -61,6 +61,13 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
     (row,) = read_rows(path)
     assert row["status"] == "timeout" and row["rmse"] == ""
     assert "1 cells done, 0 to run" in run(path, *one_cell)
+    assert "1 cells done, 0 to run" in run(path, *one_cell, "--time-budget", "0.4")
+    # A longer budget is the operator asking again (it was never retried, at any budget): here it finishes.
+    out = run(path, *one_cell, "--time-budget", "300")
+    assert "1 timed-out cells run again: this run's --time-budget (300 s) is longer than theirs" in out
+    assert "0 cells done, 1 to run" in out
+    assert [r["status"] for r in read_rows(path)] == ["timeout", "ok"]
+    assert "1 cells done, 0 to run" in run(path, *one_cell, "--time-budget", "600")
 
 
 def test_a_timeout_at_one_feature_count_does_not_count_as_done_at_another(tmp_path):
