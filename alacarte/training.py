@@ -540,8 +540,10 @@ def fit(
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("every parameter of the model is frozen (requires_grad=False): there is nothing to fit; "
                          "unfreeze one, or use the model as it is (model.eval())")
+    # The mean's batch_shape, not its .constant: a ZeroMean or LinearMean of the user's has none (fit trains them
+    # with restarts=0).  GPyTorch's LinearMean keeps no batch_shape either, and passes as unbatched.
     batched = [name for name, part in (("kernel", model.covar_module.batch_shape),
-                                       ("mean", model.mean_module.constant.shape),
+                                       ("mean", getattr(model.mean_module, "batch_shape", torch.Size())),
                                        ("noise", model.likelihood.noise.shape[:-1])) if len(part)]
     if batched:
         # One loss per member: its restarts, convergence and history are per model, and the backward of a

@@ -1393,3 +1393,18 @@ def test_fit_refuses_a_batch_of_models_by_name(part):
                                                       batch_shape=batch).double()
     with pytest.raises(ValueError, match="batch_shape in its kernel"):
         fit(exact, x, y, max_iter=2, progress=False)
+
+
+@pytest.mark.parametrize("mean", ["zero", "linear"])
+def test_fit_trains_a_mean_of_the_users_own_with_restarts_0(mean):
+    """The batch check read the mean's .constant, which a ZeroMean or LinearMean does not have: fit, which had
+    trained such a model with restarts=0, raised AttributeError. A batched ZeroMean is still refused by name."""
+    x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = torch.sin(x[:, 0])
+    model = FeatureGP(x, y, FSARDKernel(2, 8, seed=0)).double()
+    model.mean_module = (gpytorch.means.ZeroMean() if mean == "zero" else gpytorch.means.LinearMean(2)).double()
+    history = fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    assert history.loss[-1] < history.loss[0]
+    model.mean_module = gpytorch.means.ZeroMean(batch_shape=torch.Size([2]))
+    with pytest.raises(ValueError, match="batch_shape in its mean"):
+        fit(model, x, y, max_iter=3, restarts=0, progress=False)
