@@ -123,6 +123,11 @@ def _build_kernel(record: dict[str, Any]) -> FeatureKernel:
     if "active_dims" in config:
         config["active_dims"] = torch.tensor(config["active_dims"])
     num_dims, num_samples = config.pop("num_dims"), config.pop("num_samples")
+    # Kernels took ard_num_dims=1 for one shared lengthscale until they were made to refuse it (GPyTorch reads it
+    # as the input width); a streamed fit trained and saved such kernels. Their lengthscale is (*batch, 1, 1), as
+    # with ard_num_dims=None, so files written then rebuild with None.
+    if config.get("ard_num_dims") == 1 and num_dims > 1:
+        del config["ard_num_dims"]
     return _kernel_class(record["class"])(num_dims, num_samples, **config)
 
 

@@ -57,6 +57,21 @@ def test_save_load_gives_bit_identical_predictions(name, tmp_path):
     ac.fit(loaded, *data(), max_iter=2, restarts=0, progress=False)  # and it trains on
 
 
+def test_a_file_of_a_kernel_with_ard_num_dims_1_still_loads(tmp_path):
+    """Kernels took ard_num_dims=1 for one shared lengthscale until they refused it; a streamed fit trained
+    such a kernel, and its file, saved then, must still load (it was a ValueError at load)."""
+    x, y = data()
+    kernel = ac.FSARDKernel(3, 16, seed=0)
+    kernel.ard_num_dims = 1  # what FSARDKernel(3, 16, ard_num_dims=1) built before it was refused
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, chunk_size=20, max_iter=3, restarts=1, restart_iter=2, progress=False)
+    loaded = load_model(save_model(model, tmp_path / "m.alacarte"))
+    assert loaded.covar_module.ard_num_dims is None
+    x_test = data(n=25, seed=3)[0]
+    a, b = model.predict(x_test), loaded.predict(x_test)
+    assert torch.equal(a.mean, b.mean) and torch.equal(a.variance, b.variance)
+
+
 @pytest.mark.parametrize("learn_simplex_size", [True, False])
 def test_simplex_kernels_and_frozen_parameters_round_trip(learn_simplex_size, tmp_path):
     x, y = data()
