@@ -38,6 +38,9 @@ from .kernels import (
 __all__ = ["initialize", "pair_distances", "set_noise"]
 
 _NUM_PAIRS = 2000
+# The feature kernels _initialize has rules for.
+_INITIALIZABLE = (FastfoodRBFKernel, RandomFourierKernel, SSGPRKernel, SpectralMixtureFastfoodKernel,
+                  PiecewiseLinearRadialKernel)
 _QUANTILE_RANGE = (0.1, 0.9)
 
 
@@ -113,6 +116,19 @@ def _set(module, name: str, value) -> Tensor:
     return value
 
 
+def check_initializable(model) -> None:
+    """Refuse a model whose kernel :func:`initialize` has no rules for; :func:`alacarte.fit` asks before
+    it reads any data (a streamed fit read all of it, three times, before the refusal).
+
+    Raises:
+        ValueError: for a :class:`~alacarte.FeatureKernel` of the user's own, which has none of the
+            parameters set here.
+    """
+    kernel = model.covar_module
+    if isinstance(kernel, FeatureKernel) and not isinstance(kernel, _INITIALIZABLE):
+        raise ValueError(f"no data-driven initialisation for {type(kernel).__name__}; use restarts=0")
+
+
 @torch.no_grad()
 def set_noise(model, variance: float) -> None:
     """Set σ², raised to twice its constraint's lower bound if below it (GPyTorch refuses
@@ -155,6 +171,7 @@ def initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: i
 
 def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: int, standardized: bool,
                 target_moments: tuple[float, float] | None) -> None:
+    check_initializable(model)
     diffs = pair_distances(x, rng)
     if target_moments is None:
         target_moments = float(y.mean()), float(y.var()) if y.numel() > 1 else 1.0
@@ -172,11 +189,6 @@ def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: 
         _set(base, "lengthscale", _lengthscales(diffs, _draw_quantile(rng, restart), ard))
         _set(kernel, "outputscale", signal)
         return
-    # Refused before anything is set: a kernel of the user's own has none of the parameters below (a
-    # FeatureKernel subclass without a lengthscale raised AttributeError on raw_lengthscale).
-    if not isinstance(kernel, (FastfoodRBFKernel, RandomFourierKernel, SSGPRKernel, SpectralMixtureFastfoodKernel,
-                               PiecewiseLinearRadialKernel)):
-        raise ValueError(f"no data-driven initialisation for {type(kernel).__name__}; use restarts=0")
     if kernel.has_outputscale:
         _set(kernel, "outputscale", signal)
     # simplex kernels too: per-input scales give π a different start at each restart

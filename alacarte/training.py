@@ -25,7 +25,7 @@ from ._validation import (
     check_real,
     check_seed,
 )
-from .init import initialize, set_noise
+from .init import check_initializable, initialize, set_noise
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .selection.simplex import SimplexStep
@@ -550,6 +550,8 @@ def fit(
         # batch of losses failed ('grad can be implicitly created only for scalar outputs').
         raise ValueError(f"fit trains one model at a time; this one has a batch_shape in its {', '.join(batched)}: "
                          "fit each member, or train the batch with a GPyTorch loop on the summed loss")
+    if restarts:
+        check_initializable(model)
     streamed = is_streamed_input(x, y, chunk_size, memory_budget, statistics_dtype)
     if streamed:
         if not isinstance(model, FeatureGP):

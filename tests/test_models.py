@@ -1408,3 +1408,29 @@ def test_fit_trains_a_mean_of_the_users_own_with_restarts_0(mean):
     model.mean_module = gpytorch.means.ZeroMean(batch_shape=torch.Size([2]))
     with pytest.raises(ValueError, match="batch_shape in its mean"):
         fit(model, x, y, max_iter=3, restarts=0, progress=False)
+
+
+def test_a_kernel_of_the_users_own_is_refused_before_any_data_is_read():
+    """With restarts, a FeatureKernel of the user's own was refused only at the first initialisation: a
+    streamed fit had read its 20 chunks three times (moments, target moments, the restarts' sample) and
+    set the noise variance (0.3 -> 0.01) first."""
+    from alacarte import FeatureKernel
+
+    class Linear(FeatureKernel):
+        def projection(self, x):
+            return x @ torch.ones(x.shape[-1], self.num_samples, dtype=x.dtype)
+
+    x, y = toy_data()
+    reads = []
+
+    class Chunks:
+        def __iter__(self):
+            for start in range(0, x.shape[0], 10):
+                reads.append(start)
+                yield x[start : start + 10], y[start : start + 10]
+
+    model = FeatureGP(None, None, Linear(x.shape[1], 4)).to(x.dtype)
+    model.likelihood.noise = 0.3
+    with pytest.raises(ValueError, match="no data-driven initialisation for Linear; use restarts=0"):
+        fit(model, Chunks(), None, max_iter=2, progress=False)
+    assert reads == [] and abs(model.likelihood.noise.item() - 0.3) < 1e-6
