@@ -64,6 +64,14 @@ def relevance(kernel: FeatureKernel) -> np.ndarray:
     return _numpy(kernel.relevance)
 
 
+def _flat_axes(ax, panels: int, what: str) -> np.ndarray:
+    """The user's axes (one, a sequence, a grid from ``plt.subplots(2, 2)``) flattened, at least ``panels``."""
+    ax = np.atleast_1d(ax).ravel()
+    if ax.size < panels:
+        raise ValueError(f"{what}: ax must hold {panels} axes, got {ax.size}; or leave ax=None")
+    return ax
+
+
 def _check_names(kernel: FeatureKernel, names: list[str] | None) -> None:
     if names is not None and len(names) != kernel.num_dims:
         raise ValueError(f"names has {len(names)} entries but the kernel has {kernel.num_dims} inputs")
@@ -76,8 +84,9 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
     Args:
         kernel: a GM, PWL or Fastfood RBF kernel (FSARD, FSGBARD, Fastfood ARD or isotropic),
             without batch shape.
-        ax: where to draw (default: a new figure).  GM draws one panel per input, for the
-            first 8 inputs at most, and needs that many axes.
+        ax: where to draw (default: a new figure): one Axes, a sequence or a grid of them.
+            GM draws one panel per input, for the first 8 inputs at most, and needs that many
+            axes; the others draw one panel, in the first.
         names: the inputs' names, one per input (default: ``input 0``, ``input 1``, …).
         input_scale: the units of the data per unit of the kernel's input — a model's
             ``input_scale``, since it standardises x before its kernel sees it. GM's frequencies are
@@ -105,10 +114,8 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
         if ax is None:
             _, ax = plt.subplots(1, dims, figsize=(3 * dims, 2.6), squeeze=False)
             ax = ax[0]
-        ax = np.atleast_1d(ax).ravel()  # (a grid from plt.subplots(2, 2) too)
-        if ax.size < dims:  # one Axes for a GM kernel of d ≥ 2 inputs failed with an IndexError at ax[1]
-            raise ValueError(f"a GM spectrum is drawn in one panel per input (at most {_MAX_PANELS}): ax must hold "
-                             f"{dims} axes, got {ax.size}; or leave ax=None")
+        # one Axes for a GM kernel of d ≥ 2 inputs failed with an IndexError at ax[1]
+        ax = _flat_axes(ax, dims, f"a GM spectrum is drawn in one panel per input (at most {_MAX_PANELS})")
         for j in range(dims):
             span = np.abs(mu[:, j]).max() + 4 * sigma[:, j].max()
             omega = np.linspace(-span, span, 400)
@@ -123,6 +130,8 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
         return ax
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
+    elif not hasattr(ax, "plot"):  # axes as GM takes them (a list, a grid): AttributeError 'list' … 'plot'
+        ax = _flat_axes(ax, 1, "this spectrum is drawn in one panel")[0]
     if isinstance(kernel, PiecewiseLinearRadialKernel):
         a, b, w = _numpy(kernel.modes), _numpy(kernel.half_widths), _numpy(kernel.weights)
         r = np.linspace(0, (a + b).max() * 1.05, 500)

@@ -94,6 +94,24 @@ def test_gm_spectrum_in_axes_of_the_users_needs_one_per_input_and_says_so():
     plt.close("all")
 
 
+def test_radial_spectra_take_axes_as_gm_does():
+    """plot_spectrum takes ``Axes | Sequence[Axes]``, but a PWL or FSARD kernel given a list of one Axes, a
+    1×1 array (plt.subplots(squeeze=False)) or a grid raised AttributeError ('list' object has no attribute
+    'plot'); they draw in the first, and an empty list is a ValueError."""
+    from alacarte.plotting import plot_spectrum
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    for kernel in (ac.PiecewiseLinearRadialKernel(3, 16, num_components=2, ard_num_dims=3, seed=0),
+                   ac.FSARDKernel(3, 16, ard_num_dims=3, seed=0)):
+        one, grid = plt.subplots()[1], plt.subplots(2, 2)[1]
+        assert plot_spectrum(kernel, ax=[one]) is one and one.has_data()
+        assert plot_spectrum(kernel, ax=grid) is grid[0, 0] and not grid[1, 1].has_data()
+        assert plot_spectrum(kernel, ax=plt.subplots(1, 1, squeeze=False)[1]).has_data()
+        with pytest.raises(ValueError, match="ax must hold 1 axes, got 0"):
+            plot_spectrum(kernel, ax=[])
+    plt.close("all")
+
+
 def test_figure_is_written_to_the_path_given_even_without_a_suffix(tmp_path):
     """matplotlib appended '.png' to a path without a suffix: 'alacarte plot m --out pic' said
     'saved pic' and wrote pic.png."""
