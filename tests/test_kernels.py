@@ -341,6 +341,15 @@ def test_features_select_the_active_dims_as_the_kernel_does():
         assert torch.equal(phi, kernel.features(inputs[:, dims]))
 
 
+def test_features_of_too_few_columns_for_the_active_dims_are_a_value_error():
+    """features() of inputs narrower than its active_dims reach raised torch's RuntimeError 'INDICES element is
+    out of DATA bounds, id=4 axis_dim=3', not the ValueError its Raises promise for the width."""
+    kernel = FSARDKernel(2, 8, active_dims=[4, 0], seed=0).double()
+    with pytest.raises(ValueError, match=r"reads columns \[4, 0\] \(active_dims\), but x has 3"):
+        kernel.features(torch.randn(5, 3, dtype=torch.float64))
+    assert kernel.features(torch.randn(5, 5, dtype=torch.float64)).shape == (5, 16)
+
+
 def test_every_kernel_prints_its_size():
     """print(kernel) showed only the constraints for every kernel but GM and PWL: no d, no M."""
     from alacarte import SpectralMixtureFastfoodKernel

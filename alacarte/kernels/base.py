@@ -316,10 +316,14 @@ class FeatureKernel(Kernel):
         kernel has them, as ``kernel(x)`` is (GPyTorch selects them before :meth:`forward`).
 
         Raises:
-            ValueError: if ``x`` has another number of columns or dtype than the kernel, or a
-                batch shape that does not broadcast with the kernel's.
+            ValueError: if ``x`` has another number of columns (too few for ``active_dims``) or
+                dtype than the kernel, or a batch shape that does not broadcast with the kernel's.
         """
         if self.active_dims is not None:
+            # (index_select said only 'INDICES element is out of DATA bounds')
+            if x.shape[-1] <= int(self.active_dims.max()):
+                raise ValueError(f"{type(self).__name__} reads columns {self.active_dims.tolist()} (active_dims), "
+                                 f"but x has {x.shape[-1]}")
             x = x.index_select(-1, self.active_dims)
         return self._features(x)
 
