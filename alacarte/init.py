@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+import gpytorch
 import numpy as np
 import torch
 from torch import Tensor
@@ -181,7 +182,8 @@ def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: 
                          "can start from it; fit with standardize=True (the default), or rescale y")
     signal = 1.0 if standardized else variance
     set_noise(model, 0.01 * variance)
-    model.mean_module.constant.fill_(mean)
+    if isinstance(model.mean_module, gpytorch.means.ConstantMean):  # (a ZeroMean, LinearMean… of the user's stays)
+        model.mean_module.constant.fill_(mean)
     kernel = model.covar_module
     if not isinstance(kernel, FeatureKernel):  # exact GP: ScaleKernel(RBFKernel)
         base = kernel.base_kernel

@@ -1410,6 +1410,19 @@ def test_fit_trains_a_mean_of_the_users_own_with_restarts_0(mean):
         fit(model, x, y, max_iter=3, restarts=0, progress=False)
 
 
+@pytest.mark.parametrize("mean", ["zero", "linear"])
+def test_restarts_leave_a_mean_of_the_users_own_as_it_is(mean):
+    """The restarts' initialisation set model.mean_module.constant, which a ZeroMean or LinearMean does not
+    have: fit with restarts (the default) raised AttributeError. It now initialises the kernel and the noise
+    and leaves such a mean alone (a ZeroMean stays zero: the targets are standardised)."""
+    x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = torch.sin(x[:, 0])
+    model = FeatureGP(x, y, FSARDKernel(2, 8, seed=0)).double()
+    model.mean_module = (gpytorch.means.ZeroMean() if mean == "zero" else gpytorch.means.LinearMean(2)).double()
+    history = fit(model, x, y, max_iter=3, restarts=2, restart_iter=2, progress=False)
+    assert len(history.restart_losses) == 2 and history.loss[-1] < history.loss[0]
+
+
 def test_a_kernel_of_the_users_own_is_refused_before_any_data_is_read():
     """With restarts, a FeatureKernel of the user's own was refused only at the first initialisation: a
     streamed fit had read its 20 chunks three times (moments, target moments, the restarts' sample) and
