@@ -738,13 +738,14 @@ def ended_at_noise_floor(row: dict) -> bool | None:
     return noise_at_bound(float(row["noise"]), noise_floor_of(row)) if row.get("noise") else None
 
 
-def _column_of(rows: list[dict]):
+def _column_of(rows: list[dict], timed_out: list[dict] = ()):
     """A function giving each row its report column: results files of several protocols in one
     report give a method found at several D (or several max_iter, noise floors, restarts) one column
     per setting (``gm D=4096``, ``gm D=4096 max_iter=300``, ``pwl σ²≥1e-08``).  A floor other than
     GPyTorch's is always named.  Exact GPs (no features) never split by D.  Components split a
     method only where one dataset holds it at several (``auto`` gives datasets of different sizes
-    different numbers: one protocol, one column)."""
+    different numbers: one protocol, one column).  The settings ``timed_out`` rows recorded count
+    too (blank ones, in older rows, do not)."""
     sizes, iterations, floors, restarts = defaultdict(set), defaultdict(set), defaultdict(set), defaultdict(set)
     components = defaultdict(set)
     for r in rows:
@@ -754,6 +755,18 @@ def _column_of(rows: list[dict]):
         floors[r["method"]].add(noise_floor_of(r))
         restarts[r["method"]].add(r.get("restarts") or "")
         components[(r["dataset"], r["method"])].add(r.get("components") or "")
+    # A timeout at a setting no finished cell had (gm at D=64 beside gm's finished cells at D=32) was
+    # counted in the column of the finished ones, as if those settings had timed out.
+    for r in timed_out:
+        if _features(r):
+            sizes[r["method"]].add(_features(r))
+        if r.get("max_iter"):
+            iterations[r["method"]].add(int(r["max_iter"]))
+        floors[r["method"]].add(noise_floor_of(r))
+        if r.get("restarts"):
+            restarts[r["method"]].add(r["restarts"])
+        if r.get("components"):
+            components[(r["dataset"], r["method"])].add(r["components"])
     several_components = {method for (_, method), values in components.items() if len(values) > 1}
 
     def column(r: dict) -> Column:
@@ -815,7 +828,7 @@ def report(args: argparse.Namespace) -> str:
     rows = [r for _, r in every_row if r.get("status", "ok") == "ok"]
     timed_out = [r for _, r in every_row if r.get("status") == "timeout"]
     paper = load_paper(args.paper)
-    column_of = _column_of(rows)
+    column_of = _column_of(rows, timed_out)
     seen = {}
     for path, r in every_row:  # one cell counted twice would weigh twice in its mean
         if r.get("status", "ok") == "ok":
@@ -843,8 +856,8 @@ def report(args: argparse.Namespace) -> str:
             at_floor[key].append(ended)
     datasets = list(dict.fromkeys(r["dataset"] for r in rows + timed_out))
     ran = {column for _, column in rmse}
-    # a method none of whose cells finished in time still gets its column (of timeouts)
-    methods = sorted(ran | {column_of(r) for r in timed_out if all(c.method != r["method"] for c in ran)},
+    # settings none of whose cells finished in time still get their column (of timeouts)
+    methods = sorted(ran | {column_of(r) for r in timed_out if not any(_timed_out_in(r, c, column_of) for c in ran)},
                      key=Column.order)
     paper_methods = [m for m in METHODS if m in PAPER_COLUMNS and any(c.method == m for c in methods)]
     sizes = sorted({_features(r) for r in rows} - {0})

@@ -669,6 +669,22 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
     assert concrete[2] == "timeout" and concrete[3] == "—"
 
 
+def test_a_timeout_at_settings_no_cell_finished_at_gets_its_own_column(tmp_path):
+    """gm finished split 0 at D=32 and timed out on split 1 at D=64: the timeout was counted under the one
+    gm column (the D=32 cells'), '0.12 ± 0 [1] · 1 timed out', as if D=32 had timed out."""
+    import argparse
+
+    from alacarte.benchmark import append_row, report
+
+    path = tmp_path / "rows.csv"
+    append_row(path, _ok_row(split=0, num_features=32))
+    append_row(path, {**_ok_row(split=1, num_features=64), "status": "timeout", "rmse": ""})
+    text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
+    header = next(line for line in text.splitlines() if line.startswith("| dataset | n train"))
+    assert "| gm D=32 | gm D=64 |" in header
+    yacht = next(line for line in text.splitlines() if line.startswith("| yacht |")).split(" | ")
+    assert yacht[2].endswith("300 MB</sub>") and yacht[3] == "timeout"
+
 def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(tmp_path):
     import argparse
 
