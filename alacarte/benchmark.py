@@ -278,8 +278,9 @@ def _row(dataset, split, method, cfg, **values) -> dict:
 def append_row(path: str | os.PathLike, row: dict) -> bool:
     """Append one row (and the header to a new file) under an exclusive lock, synced to disk.
 
-    Returns ``False``, writing nothing, when the file already holds the same cell at the same
-    settings (another runner on the same file finished it first).  A last line without its newline
+    Returns ``False``, writing nothing, when the file already holds the same cell finished at the
+    same settings (another runner on the same file finished it first; for a timeout row, also one
+    that timed out).  A last line without its newline
     (a writer stopped mid-row) is cut first, so that the new row does not run on from it."""
     while True:
         with open(path, "a+", newline="") as fh:

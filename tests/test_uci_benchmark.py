@@ -669,6 +669,18 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
     assert concrete[2] == "timeout" and concrete[3] == "—"
 
 
+def test_a_result_is_written_beside_another_runners_timeout_of_the_cell(tmp_path):
+    """append_row took a timeout row of the same cell and settings for a finished one: the result of a
+    runner with a longer budget was dropped ('another runner … finished it first'), and the report said
+    'timeout'.  A timeout beside a result, or a second timeout, is still not written."""
+    from alacarte.benchmark import append_row
+
+    path = tmp_path / "rows.csv"
+    timeout = {**_ok_row(split=1), "status": "timeout", "rmse": "", "nlpd": "", "peak_rss_mb": ""}
+    assert append_row(path, timeout)
+    assert append_row(path, _ok_row(split=1))
+    assert not append_row(path, _ok_row(split=1)) and not append_row(path, timeout)
+
 def test_a_timeout_at_settings_no_cell_finished_at_gets_its_own_column(tmp_path):
     """gm finished split 0 at D=32 and timed out on split 1 at D=64: the timeout was counted under the one
     gm column (the D=32 cells'), '0.12 ± 0 [1] · 1 timed out', as if D=32 had timed out."""
