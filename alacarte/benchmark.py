@@ -335,8 +335,8 @@ def _complete(row: dict) -> bool:
 
 
 def _settings(row: dict) -> tuple:
-    """The settings a row ran with, ``None`` where it does not record one (older rows, and the
-    features and components of a timed-out cell where they depend on data it never loaded)."""
+    """The settings a row ran with, ``None`` where it does not record one (older rows; timeout rows
+    written before d7c7b8c left blank the features and components that depend on the data)."""
     def number(name):
         value = row.get(name)
         return None if value in (None, "") else int(value)
@@ -360,7 +360,7 @@ def _other_setting(row: dict, args: argparse.Namespace) -> str | None:
     if components is not None:
         if args.components != "auto":
             checks.append(("components", components, int(args.components)))
-        elif row.get("n_train"):  # (a timeout row has none: 'auto' chooses by data its cell never loaded)
+        elif row.get("n_train"):  # (an older timeout row has none: 'auto' chose by data it never read)
             checks.append(("components", components, mixture_components("auto", int(row["n_train"]))))
     for name, ran, wanted in checks:
         if ran is not None and ran != wanted:
