@@ -420,10 +420,12 @@ class FeatureGP(_StandardizedGP):
                 # Without a graph to keep, the statistics are summed over predict's chunks of rows: the features
                 # of all n rows at once were n×D (+625 MB for 160 000 rows and 512 features, also in a process
                 # that only loads a model and predicts).
-                rows = self._chunk_rows() if detach else x.shape[-2]
+                n = x.shape[-2]
+                rows = self._chunk_rows() if detach else max(n, 1)
+                # (No rows at all still give the prior's statistics, as the one product did.)
                 stats = functools.reduce(operator.add, (
                     sufficient_statistics(self.covar_module.features(x[..., s : s + rows, :]), r[..., s : s + rows])
-                    for s in range(0, x.shape[-2], rows)))
+                    for s in range(0, n, rows) or [0]))
                 posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
             if self.training:
                 return posterior

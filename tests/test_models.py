@@ -1447,3 +1447,20 @@ def test_a_kernel_of_the_users_own_is_refused_before_any_data_is_read():
     with pytest.raises(ValueError, match="no data-driven initialisation for Linear; use restarts=0"):
         fit(model, Chunks(), None, max_iter=2, progress=False)
     assert reads == [] and abs(model.likelihood.noise.item() - 0.3) < 1e-6
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_a_feature_gp_without_training_rows_has_the_prior_posterior(training):
+    """Summing the statistics over chunks of rows (528a68a) left nothing to sum for a model given no rows:
+    eval mode raised TypeError 'reduce() of empty iterable', training mode ValueError 'range() arg 3 must not
+    be zero', where the one product gave the prior (weights 0, A = σ²I)."""
+    x, y = toy_data(n=50)
+    model = feature_model(m=16)
+    fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    (inputs,) = model.train_inputs
+    model.set_train_data(inputs[:0], model.train_targets[:0], strict=False)
+    model.train(training)
+    posterior = model.posterior()
+    assert torch.equal(posterior.weights, torch.zeros_like(posterior.weights))
+    noise = model.likelihood.noise.detach().squeeze()
+    torch.testing.assert_close(posterior.cholesky, noise.sqrt() * torch.eye(32, dtype=noise.dtype))
