@@ -37,6 +37,15 @@ def _safe_sqrt(variance: Tensor) -> Tensor:
     return variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
 
 
+def _feature_weight(variance: Tensor, count: int) -> Tensor:
+    """√(variance / count), the weight of each of ``count`` features sharing ``variance``, computed in at
+    least float32: in float16 variance/count is subnormal for ordinary settings (0.1/4096 = 2.4e-5 < 6.1e-5,
+    the smallest normal), where the clamp replaced it (k(x, x) came out 0.25 for σ_f² = 0.1).  Float32 and
+    float64 weights are √(variance/count) in their own dtype, as always."""
+    wide = torch.promote_types(variance.dtype, torch.float32)
+    return _safe_sqrt(variance.to(wide) / count).to(variance.dtype)
+
+
 class FeatureKernel(Kernel):
     r"""A stationary kernel given by an explicit random Fourier feature map.
 
@@ -303,9 +312,7 @@ class FeatureKernel(Kernel):
 
     def feature_scale(self) -> Tensor:
         """Weight of each cos/sin pair, broadcastable to ``(*batch, 1, M)``."""
-        # √σ_f² / √M, not √(σ_f²/M): in float16 σ_f²/M is subnormal for M = 4096 (0.1/4096 = 2.4e-5 < 6.1e-5,
-        # the smallest normal), where the clamp would replace it, and k(x, x) came out 0.25 for σ_f² = 0.1.
-        return (_safe_sqrt(self.outputscale) / math.sqrt(self.num_samples)).view(*self.batch_shape, 1, 1)
+        return _feature_weight(self.outputscale, self.num_samples).view(*self.batch_shape, 1, 1)
 
     def prior_variance(self) -> Tensor:
         """k(x, x) = ‖φ(x)‖², identical for every x; shape ``(*batch,)``."""
@@ -436,7 +443,7 @@ class MixtureFeatureKernel(FeatureKernel):
         return proj.movedim(-3, -2).reshape(*proj.shape[:-3], proj.shape[-2], self.num_samples)
 
     def feature_scale(self) -> Tensor:
-        per_frequency = _safe_sqrt(self.weights) / math.sqrt(self.samples_per_component)  # as feature_scale above
+        per_frequency = _feature_weight(self.weights, self.samples_per_component)
         per_frequency = per_frequency.unsqueeze(-1).expand(*per_frequency.shape, self.samples_per_component)
         return per_frequency.reshape(*self.batch_shape, 1, self.num_samples)
 
