@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._files import read_checked, write_checked
+from ._files import read_checked, refuse_unwritable, write_checked
 
 SIGNATURE = b"ALACARTE-FIT-CHECKPOINT\n"
 # 2: the model's fingerprint also hashes its settings (a kernel's strategy, a constraint's transform)
@@ -93,6 +93,7 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
         raise ValueError(f"checkpoint {path} is a directory; give the path of a file")
     if not path.parent.is_dir():
         raise ValueError(f"checkpoint {path}: its directory {path.parent} does not exist")
+    refuse_unwritable(path, "checkpoint ")  # (else the first save, after the first stage's work, failed)
     return path
 
 

@@ -33,6 +33,21 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def refuse_unwritable(path: Path, label: str = "") -> None:
+    """A ValueError unless :func:`atomic_write` can create its temporary file for ``path`` (the
+    target's directory, links followed): a read-only directory or mount, a link into a missing
+    directory or a loop of links shows before the work whose result it would hold, not after it."""
+    target = Path(os.path.realpath(path))
+    if target.is_symlink():  # realpath stops inside a loop of links
+        raise ValueError(f"cannot write {label}{path}: its symbolic links form a loop")
+    try:
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as err:
+        raise ValueError(f"cannot write {label}{path}: {err.strerror or err} (in {target.parent})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
     # A symbolic link is followed, as open(path, "w") follows it: replacing the link itself left its

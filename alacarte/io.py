@@ -39,7 +39,6 @@ import importlib
 import inspect
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ import numpy as np
 import torch
 from gpytorch.constraints import Interval
 
-from ._files import read_checked, write_checked
+from ._files import read_checked, refuse_unwritable, write_checked
 from .factory import default_dtype, floating_state
 from .kernels import FeatureKernel
 from .models import ExactRBFGP, FeatureGP
@@ -333,15 +332,7 @@ def check_model_path(path: str | os.PathLike) -> Path:
         raise ValueError(f"{path} is a directory; save_model needs a file path, e.g. {path / 'model.alacarte'}")
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the directory {path.parent} does not exist")
-    # A file created where the write will create its temporary one (the target's directory, links
-    # followed): permissions, a read-only mount or a dangling link show now, not after the work.
-    directory = Path(os.path.realpath(path)).parent
-    try:
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise ValueError(f"cannot write {path}: {err.strerror or err} (in {directory})") from None
-    os.close(fd)
-    os.unlink(probe)
+    refuse_unwritable(path)
     return path
 
 

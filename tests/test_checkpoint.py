@@ -322,3 +322,15 @@ def test_a_sigkilled_fit_resumes_bit_for_bit(tmp_path):
     reference = _fit(build, x, y, **SIGKILL_SETTINGS)
     _assert_same_fit(resumed, reference)
     assert resumed[2] < reference[2] - 5  # restarts and the first iterations were not run again
+
+
+def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_fit(tmp_path):
+    """The checkpoint path was checked for a directory only: a link into a missing directory (and a
+    read-only directory) failed at the first save, after the first stage's work, with a bare
+    FileNotFoundError naming the temporary file."""
+    x, y = _data()
+    (tmp_path / "fit.ckpt").symlink_to(tmp_path / "gone" / "fit.ckpt")
+    model = FeatureGP(None, None, FSARDKernel(4, 16, seed=0)).double()
+    with pytest.raises(ValueError, match="cannot write checkpoint .*fit.ckpt: No such file or directory"):
+        fit(model, x, y, checkpoint=tmp_path / "fit.ckpt", progress=False)
+    assert model.covar_module.raw_lengthscale.grad is None  # no likelihood was evaluated

@@ -445,3 +445,12 @@ def test_bad_paths_and_metadata_are_refused_before_anything_is_written(tmp_path)
     assert list(tmp_path.iterdir()) == []  # no file, and no temporary file left behind
     with pytest.raises(ValueError, match="is a directory, not an alacarte model file"):
         load_model(tmp_path)
+
+
+def test_a_loop_of_symbolic_links_is_a_value_error_before_the_work(tmp_path):
+    """save_model to a loop of links wrote the whole file body, then failed with a bare OSError 'Too many
+    levels of symbolic links'; the path check (which the command line runs before it fits) let it pass."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ValueError, match="cannot write .*a: its symbolic links form a loop"):
+        save_model(fitted_model(), tmp_path / "a")
