@@ -749,25 +749,20 @@ def _column_of(rows: list[dict], timed_out: list[dict] = ()):
     too (blank ones, in older rows, do not)."""
     sizes, iterations, floors, restarts = defaultdict(set), defaultdict(set), defaultdict(set), defaultdict(set)
     components = defaultdict(set)
-    for r in rows:
+    # Timeout rows count too: a timeout at a setting no finished cell had (gm at D=64 beside gm's finished
+    # cells at D=32) was counted in the column of the finished ones, as if those settings had timed out.
+    for r in [*rows, *timed_out]:
+        # A result's blank restarts or components are a setting of their own; an older timeout row's are none.
+        blank = "" if r.get("status", "ok") == "ok" else None
         if _features(r):
             sizes[r["method"]].add(_features(r))
-        iterations[r["method"]].add(int(r["max_iter"]))
-        floors[r["method"]].add(noise_floor_of(r))
-        restarts[r["method"]].add(r.get("restarts") or "")
-        components[(r["dataset"], r["method"])].add(r.get("components") or "")
-    # A timeout at a setting no finished cell had (gm at D=64 beside gm's finished cells at D=32) was
-    # counted in the column of the finished ones, as if those settings had timed out.
-    for r in timed_out:
-        if _features(r):
-            sizes[r["method"]].add(_features(r))
-        if r.get("max_iter"):
+        if r.get("max_iter"):  # (every result has it)
             iterations[r["method"]].add(int(r["max_iter"]))
         floors[r["method"]].add(noise_floor_of(r))
-        if r.get("restarts"):
-            restarts[r["method"]].add(r["restarts"])
-        if r.get("components"):
-            components[(r["dataset"], r["method"])].add(r["components"])
+        if (value := r.get("restarts") or blank) is not None:
+            restarts[r["method"]].add(value)
+        if (value := r.get("components") or blank) is not None:
+            components[(r["dataset"], r["method"])].add(value)
     several_components = {method for (_, method), values in components.items() if len(values) > 1}
 
     def column(r: dict) -> Column:
