@@ -226,6 +226,29 @@ def test_exact_posterior_covariance_of_test_rows_does_not_depend_on_the_other_ro
         torch.testing.assert_close(cov[0, 1:], torch.zeros(2, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("ard", [True, False])
+def test_the_joint_test_by_train_and_test_block_older_gpytorch_asks_for_is_centred_on_the_training_rows(ard):
+    """GPyTorch up to 1.15.1 evaluates k(test, [train; test]) in one call, not the two blocks 1.15.2
+    asks for; centring it on all its rows took the test rows in again, so with GPyTorch 1.11 a row at
+    1e8 moved two nearby rows' covariance by 1e-5 and a row at 1.7e308 made the others NaN. Called
+    here directly, so that it is checked whichever GPyTorch is installed."""
+    x, y = toy_data()
+    model = ExactRBFGP(None, None, num_dims=3, ard=ard).double()
+    fit(model, x, y, max_iter=5, restarts=0, progress=False)
+    kernel = model.covar_module.base_kernel.eval()
+    train = model.train_inputs[0]
+    good = model.internal_query_inputs(torch.tensor([[0.5, 0.5, 0.5], [0.4, 0.6, 0.5]], dtype=torch.float64))
+    with torch.no_grad():
+        expected = torch.cat([kernel(good, train).to_dense(), kernel(good, good).to_dense()], dim=-1)
+        for far in (1e8, 1.7e308):
+            test = torch.cat([torch.tensor([[far, 0.0, 0.0]], dtype=torch.float64), good])
+            joint = kernel(test, torch.cat([train, test])).to_dense()
+            torch.testing.assert_close(joint[1:, :-3], expected[:, :-2], rtol=0, atol=1e-15)
+            torch.testing.assert_close(joint[1:, -2:], expected[:, -2:], rtol=0, atol=1e-15)
+            if far == 1e8:  # (at 1.7e308 the row's own distances overflow: predict refuses it)
+                assert (joint[0, :-3] == 0).all() and joint[0, -3] == 1
+
+
 class _LargestTensor(TorchDispatchMode):
     """Records the most numbers any one tensor produced by a torch operation held."""
 
