@@ -468,7 +468,8 @@ def fit(
     ``path`` at the first iteration of every stage and then every 10 seconds,
     atomically (a kill mid-write leaves the previous checkpoint).  Calling
     ``fit`` again with the same model as built, data, settings and path resumes
-    from it and ends bit for bit where the uninterrupted fit would have; once
+    from it and ends bit for bit where the uninterrupted fit would have (run
+    with the same torch and thread settings: round-off depends on them); once
     the fit has finished the file holds its result, and the call returns it at
     once.  A checkpoint of another fit (other settings, data, or a model with
     other parameters or random features) is refused with a ``ValueError``:
