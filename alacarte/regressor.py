@@ -80,6 +80,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         restarts: data-driven random initialisations tried first (0: none).
         restart_iter: iterations per restart.
         optimizer: ``"lbfgs"`` or ``"adam"``.
+        validation_fraction: the share of the training rows held out to stop the fit before it
+            over-fits and to choose the noise variance (see :func:`alacarte.fit`); 0.2 is
+            recommended for feature kernels (docs/calibration.md); 0 (the default for now): the
+            marginal likelihood of all rows alone, as in the À la carte paper.
         random_state: seed of the kernel's random state and of the restarts
             (an int, ``None`` or a ``numpy.random.RandomState``).
         progress: show a progress bar while fitting.
@@ -132,6 +136,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         restarts: int = 5,
         restart_iter: int = 15,
         optimizer: str = "lbfgs",
+        validation_fraction: float = 0,
         random_state: int | np.random.RandomState | None = 0,
         progress: bool = False,
     ):
@@ -142,6 +147,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.restarts = restarts
         self.restart_iter = restart_iter
         self.optimizer = optimizer
+        self.validation_fraction = validation_fraction
         self.random_state = random_state
         self.progress = progress
 
@@ -183,6 +189,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.history_: FitHistory = fit(
             model, x_t, y_t, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
             restart_iter=self.restart_iter, seed=seed, progress=self.progress,
+            validation_fraction=self.validation_fraction,
         )
         # −loss is log p(y_std)/n (+ log priors); the standardisation y = s·y_std + c has Jacobian sⁿ.
         n = X.shape[0]

@@ -25,6 +25,7 @@ from ._validation import (
     check_real,
     check_seed,
 )
+from .holdout import PATIENCE, HeldOut, check_fraction, split_rows
 from .init import check_initializable, initialize, set_noise
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
@@ -47,12 +48,23 @@ class FitHistory:
         converged: whether the optimisation that ends ``loss`` stopped on ``tolerance`` before
             ``max_iter``.
         optimizer: ``"lbfgs"`` or ``"adam"``.
-        restart_losses: the loss each restart reached (``inf`` where it failed).
-        chosen_restart: the restart training continued from (``None`` without restarts).
-        noise_refit_loss: the loss of the refit from a larger noise that :func:`~alacarte.fit`
+        restart_losses: the score each restart reached (``inf`` where it failed): the held-out
+            loss where rows are held out (``held_out_rows > 0``), else the training loss.
+        chosen_restart: the restart training continued from (the lowest score; ``None`` without restarts).
+        noise_refit_loss: the score of the refit from a larger noise that :func:`~alacarte.fit`
             runs when the final optimisation ends with σ² at its lower bound — kept when it is
-            lower than the loss there — and ``None`` when it did not end there (or the noise
+            lower than the score there — and ``None`` when it did not end there (or the noise
             is frozen).
+        held_out_rows: the training rows held out of the likelihood to score the iterates
+            (:mod:`alacarte.holdout`); 0 when none were.
+        validation_loss: the held-out rows' negative log predictive density per row (standardised
+            units) at every iterate of the final optimisation (and of the noise refit, when kept)
+            in order, its starting point first (empty when no rows were held out).
+        best_iteration: the index into ``validation_loss`` of the iterate the model was left at
+            (``None`` when no rows were held out).
+        held_out_noise: the noise variance σ² (standardised units) then chosen by the held-out
+            rows' score (:meth:`alacarte.holdout.HeldOut.tune_noise`); ``None`` when no rows were
+            held out or the noise is not trained.
     """
 
     loss: list[float] = field(default_factory=list)
@@ -62,6 +74,10 @@ class FitHistory:
     restart_losses: list[float] = field(default_factory=list)
     chosen_restart: int | None = None
     noise_refit_loss: float | None = None
+    held_out_rows: int = 0
+    validation_loss: list[float] = field(default_factory=list)
+    best_iteration: int | None = None
+    held_out_noise: float | None = None
 
     @property
     def iterations(self) -> int:
@@ -113,8 +129,9 @@ class _Optimization:
     the noise refit — that can be saved between iterations and resumed bit for bit:
     :meth:`state_dict` holds everything the next iteration depends on."""
 
-    def __init__(self, model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, bar):
-        self.model, self.x, self.y = model, x, y
+    def __init__(self, model, x, y, optimizer: str, max_iter: int, lr, tolerance: float, bar,
+                 held_out: HeldOut | None = None):
+        self.model, self.x, self.y, self.held_out = model, x, y, held_out
         self.lbfgs, self.max_iter, self.tolerance, self.bar = optimizer == "lbfgs", max_iter, tolerance, bar
         # Simplex weights π get projected-gradient steps of their own (SimplexStep says why).
         self.simplex = SimplexStep(model, inputs=x)
@@ -128,6 +145,9 @@ class _Optimization:
         # whose loss is known finite (a step returns the loss where it started).
         self.good_state = copy.deepcopy(model.state_dict())
         self.verified_state = self.good_state
+        # The held-out loss of every iterate, and (its index, the model's state) at the lowest.
+        self.validation: list[float] = []
+        self.best: tuple[int, dict] | None = None
 
     def state_dict(self) -> dict:
         return {
@@ -135,6 +155,7 @@ class _Optimization:
             "optimizer": None if self.opt is None else self.opt.state_dict(), "simplex": self.simplex.state_dict(),
             "losses": self.losses, "calm": self.calm, "failed": self.failed,
             "good_state": self.good_state, "verified_state": self.verified_state,
+            "validation": self.validation, "best": self.best,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -145,9 +166,24 @@ class _Optimization:
         self.iteration, self.losses, self.calm, self.failed = (
             state["iteration"], list(state["losses"]), state["calm"], state["failed"])
         self.good_state, self.verified_state = state["good_state"], state["verified_state"]
+        self.validation, self.best = list(state["validation"]), state["best"]
 
     def _loss(self, backward: bool):
         return _negative_mll(self.model, self.x, self.y, backward=backward)
+
+    def _score(self) -> bool:
+        """Score the current iterate on the held-out rows; whether to stop (no better one for
+        :data:`~alacarte.holdout.PATIENCE` iterations)."""
+        self.validation.append(self.held_out.loss())
+        if self.best is None or self.validation[-1] < self.validation[self.best[0]]:
+            self.best = (len(self.validation) - 1, copy.deepcopy(self.model.state_dict()))
+        return len(self.validation) - 1 - self.best[0] >= PATIENCE
+
+    def _finish(self, converged: bool) -> tuple[list[float], bool]:
+        """Leave the model at the best-scored iterate (where rows are held out)."""
+        if self.best is not None:
+            self.model.load_state_dict(self.best[1])
+        return self.losses, converged
 
     def run(self, before_iteration=None) -> tuple[list[float], bool]:
         """Iterate until convergence or ``max_iter``; returns (losses, converged).
@@ -168,6 +204,8 @@ class _Optimization:
             return self._loss(backward=True)
 
         with model.inference_settings():
+            if self.held_out is not None and not self.validation:
+                self._score()  # where the optimisation starts
             while self.iteration < self.max_iter:
                 if before_iteration is not None:
                     before_iteration()
@@ -200,26 +238,28 @@ class _Optimization:
                         RuntimeWarning,
                         stacklevel=5,  # run, _run_stage, _Training.run, fit, the caller
                     )
-                    return self.losses, False
+                    return self._finish(False)
                 self.failed = False
                 self.verified_state, self.good_state = self.good_state, copy.deepcopy(model.state_dict())
                 previous = self.losses[-1] if self.losses else None
                 self.losses.append(loss)
                 self.bar.update(1)
                 self.bar.set_postfix(loss=f"{loss:.5g}")
+                if self.held_out is not None and self._score():
+                    return self._finish(False)
                 # π still moving (towards exact zeros, often at no visible change of the loss) is not convergence.
                 pi_settled = not (simplex and simplex.moved)
                 if previous is not None and pi_settled and abs(previous - loss) <= self.tolerance * max(1.0, abs(loss)):
                     self.calm += 1
                     if self.calm >= 3:
-                        return self.losses, True
+                        return self._finish(True)
                     if self.lbfgs and loss == previous and opt is not None:
                         # A failed line search leaves L-BFGS stuck on a stale curvature
                         # model; restart it from the current point.
                         opt.state.clear()
                 else:
                     self.calm = 0
-        return self.losses, False
+        return self._finish(False)
 
 
 @torch.no_grad()
@@ -242,12 +282,15 @@ class _Training:
     uninterrupted fit would have."""
 
     def __init__(self, model, x, y, initial_data, data, *, optimizer, max_iter, restarts, restart_iter, lr,
-                 tolerance, seed, standardize, bar, jitters, checkpoint: FitCheckpoint | None):
+                 tolerance, seed, standardize, bar, jitters, checkpoint: FitCheckpoint | None,
+                 held_out: HeldOut | None, all_targets: torch.Tensor | None):
         self.model, self.x, self.y, self.initial_data, self.data = model, x, y, initial_data, data
+        self.held_out, self.all_targets = held_out, all_targets
+        self.validation, self.best_iteration = [], None  # of the latest optimisation
         self.optimizer, self.max_iter, self.lr, self.tolerance = optimizer, max_iter, lr, tolerance
         self.restarts, self.restart_iter, self.standardize = restarts, restart_iter, standardize
         self.bar, self.jitters, self.checkpoint = bar, jitters, checkpoint
-        self.history = FitHistory(optimizer=optimizer)
+        self.history = FitHistory(optimizer=optimizer, held_out_rows=0 if held_out is None else held_out.rows)
         self.rng = np.random.default_rng(seed)
         self.initial = copy.deepcopy(model.state_dict()) if restarts else None
         self.best_state = None
@@ -271,7 +314,9 @@ class _Training:
             "rng": self.rng.bit_generator.state,
             "best_state": self.best_state, "at_bound": self.at_bound,
             "history": {"loss": h.loss, "converged": h.converged, "restart_losses": h.restart_losses,
-                        "chosen_restart": h.chosen_restart, "noise_refit_loss": h.noise_refit_loss},
+                        "chosen_restart": h.chosen_restart, "noise_refit_loss": h.noise_refit_loss,
+                        "validation_loss": h.validation_loss, "best_iteration": h.best_iteration,
+                        "held_out_noise": h.held_out_noise},
             "jitters": list(self.jitters), "bar": [self.bar.n, self.bar.total],
             "seconds": self.history.seconds if self.stage == ("done", 0) else self.seconds(),
         }
@@ -290,18 +335,21 @@ class _Training:
             self.model.load_state_dict(saved["model"])
 
     @functools.cached_property
-    def streamed_target_moments(self) -> tuple[float, float] | None:
-        """Mean and variance of all the targets of streamed data (``None`` in memory), read once.
+    def target_moments(self) -> tuple[float, float] | None:
+        """Mean and variance of all the targets where the optimisation sees only some of them
+        (``None`` where it sees all), read once.
 
         Streamed, restarts see only the first rows, whose targets need not be typical (sorted by y,
-        their mean was −0.57 in standardised units), and the noise refit sees none: both start from
-        all the targets' moments — 0 and 1 once standardised (the standardisation took them from all
-        rows), else streamed (summed over every process of a distributed fit; each calls this at the
-        same stage)."""
-        if self.data is None:
+        their mean was −0.57 in standardised units), and the noise refit sees none; in memory rows may
+        be held out.  Restarts and the refit then start from all the targets' moments — 0 and 1 once
+        standardised (the standardisation took them from all rows), else those of all the rows
+        (streamed: summed over every process of a distributed fit; each calls this at the same stage)."""
+        if self.data is None and self.all_targets is None:
             return None
         if self.standardize:
             return 0.0, 1.0
+        if self.data is None:
+            return float(self.all_targets.mean()), float(self.all_targets.var())
         target_mean, target_std = self.data.moments(self.model)[2:]
         return float(target_mean), float(target_std) ** 2
 
@@ -329,15 +377,27 @@ class _Training:
         if not resumed:
             begin()
         self.current = _Optimization(self.model, self.x, self.y, self.optimizer, max_iter, self.lr,
-                                     self.tolerance, self.bar)
+                                     self.tolerance, self.bar, self.held_out)
         if resumed:
             self.current.load_state_dict(self.resume["run"])
             self.resume = None
         self.last_save = -math.inf  # save every stage's first iteration
         try:
-            return self.current.run(self._save)
+            losses, converged = self.current.run(self._save)
+            self.validation = self.current.validation
+            self.best_iteration = None if self.current.best is None else self.current.best[0]
+            return losses, converged
         finally:
             self.current = None
+
+    def _score(self) -> float:
+        """What decides between optimisations at the model's current state: the held-out loss where
+        rows are held out, else the training loss (``inf`` where it cannot be computed)."""
+        try:
+            value = self.held_out.loss() if self.held_out is not None else _current_loss(self.model, self.x, self.y)
+        except _BROKEN_FACTORISATION:
+            value = math.inf
+        return value if math.isfinite(value) else math.inf
 
     def run(self) -> FitHistory:
         model, history = self.model, self.history
@@ -348,24 +408,22 @@ class _Training:
             def begin(restart=restart):
                 model.load_state_dict(self.initial)
                 initialize(model, *self.initial_data, self.rng, restart, self.standardize,
-                           self.streamed_target_moments)
+                           self.target_moments)
                 if self.data is not None:  # every process continues from rank 0's initial values
                     self.data.broadcast_state_(model)
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a restart that fails is just not chosen
                 self._run_stage(("restart", restart), self.restart_iter, begin)
-            try:
-                loss = _current_loss(model, self.x, self.y)
-            except _BROKEN_FACTORISATION:
-                loss = math.inf
-            loss = loss if math.isfinite(loss) else math.inf
+            loss = self._score()
             history.restart_losses.append(loss)
             if self.best_state is None or loss < min(history.restart_losses[:-1]):
                 self.best_state, history.chosen_restart = copy.deepcopy(model.state_dict()), restart
         if not self._skipped(("final", 0)):
             history.loss, history.converged = self._run_stage(
                 ("final", 0), self.max_iter, lambda: self.restarts and model.load_state_dict(self.best_state))
+            if self.held_out is not None:
+                history.validation_loss, history.best_iteration = self.validation, self.best_iteration
         if self._resuming(("refit", 0)) or (
             not self._skipped(("refit", 0))
             and _noise_at_lower_bound(model) is not None
@@ -375,6 +433,8 @@ class _Training:
         if self._resuming(("done", 0)):  # finished before: its result, as it was
             history.seconds = self.earlier_seconds
         else:
+            if self.held_out is not None:
+                history.held_out_noise = self.held_out.tune_noise()
             history.seconds = self.seconds()
             self.stage = ("done", 0)
             self._save(force=True)
@@ -384,27 +444,27 @@ class _Training:
     def _refit_from_larger_noise(self) -> None:
         """Optimise again from σ² = 0.1 × the target variance; keep the refit if its loss is lower (see :func:`fit`).
 
-        Streamed targets (``y`` None) take ``streamed_target_moments`` (every process of a
+        Streamed targets (``y`` None) and held-out rows take :attr:`target_moments` (every process of a
         distributed fit must start the refit from the same σ²): taking 1 unstandardised started the
         refit elsewhere than the in-memory fit did."""
         model, x, y, history = self.model, self.x, self.y, self.history
 
         def target_variance() -> float:
-            if y is not None:
-                return float(y.var()) if y.numel() > 1 else 1.0
-            return self.streamed_target_moments[1]
+            if self.target_moments is not None:
+                return self.target_moments[1]
+            return float(y.var()) if y.numel() > 1 else 1.0
 
         def begin():
-            self.at_bound = (_current_loss(model, x, y), copy.deepcopy(model.state_dict()))
+            self.at_bound = (self._score(), copy.deepcopy(model.state_dict()))
             set_noise(model, 0.1 * target_variance())
             self.bar.total += self.max_iter
 
         losses, converged = self._run_stage(("refit", 0), self.max_iter, begin)
-        try:
-            history.noise_refit_loss = _current_loss(model, x, y)
-        except _BROKEN_FACTORISATION:
-            history.noise_refit_loss = math.inf
+        history.noise_refit_loss = self._score()
         if history.noise_refit_loss < self.at_bound[0]:
+            if self.held_out is not None:
+                history.best_iteration = len(history.validation_loss) + self.best_iteration
+                history.validation_loss = history.validation_loss + self.validation
             history.loss += losses
             history.converged = converged
         else:
@@ -429,6 +489,7 @@ def fit(
     memory_budget: int | None = None,
     statistics_dtype: torch.dtype | None = None,
     checkpoint: str | os.PathLike | None = None,
+    validation_fraction: float = 0,
 ) -> FitHistory:
     """Fit a GP's hyperparameters by maximising its marginal likelihood.
 
@@ -440,6 +501,21 @@ def fit(
     model's state at the call; the best marginal likelihood is kept and
     optimised for ``max_iter`` more.  ``restarts=0`` trains from the model's
     current hyperparameters as they are.
+
+    **Held-out rows** (``validation_fraction > 0``; rows in memory).  That share of
+    the rows (at most 5 000; none below 10 rows) is held out: the marginal
+    likelihood is maximised on the others, every iterate is scored by the held-out
+    rows' negative log predictive density, each optimisation (restart, final,
+    refit) ends at its best-scored iterate and stops after 20 iterations without a
+    better one, the restarts and the refit are chosen by that score, and then σ²
+    alone is set to minimise it.  The posterior is conditioned on all rows.
+    Learned spectra otherwise over-fit the likelihood — they tune the finite
+    feature map until it interpolates the training targets — and a finite map's
+    posterior variance between the training rows is too small; both make the
+    predictive intervals far too narrow (:mod:`alacarte.holdout`;
+    docs/calibration.md).  0.2 is the recommended value for feature GPs;
+    ``validation_fraction=0`` (the default for now) fits on all rows by marginal
+    likelihood alone, as the À la carte paper did.
 
     A final optimisation that ends with the noise variance σ² at its lower
     bound is run once more, for ``max_iter`` iterations, from σ² = 0.1 × the
@@ -502,6 +578,8 @@ def fit(
             float64 accuracy of the likelihood.
         checkpoint: a file that keeps the fit's progress, so that a killed fit
             resumes (see above); ``None``: none.
+        validation_fraction: the share of the rows held out to score iterates and choose σ² (see
+            above), in [0, 1); 0: none.
 
     Returns:
         The :class:`~alacarte.training.FitHistory`; the model is left in eval mode.
@@ -534,6 +612,7 @@ def fit(
     if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
     seed = check_seed(seed)
+    validation_fraction = check_fraction(validation_fraction)
     standardize = check_bool(standardize, "standardize")  # a truthy "no" or "False" would standardise
     if checkpoint is not None:  # before any pass over the data: a bad path must not cost one
         checkpoint = checkpoint_path(checkpoint)
@@ -566,6 +645,9 @@ def fit(
                 "simplex-ARD kernels train by projected gradient on the in-memory likelihood; streamed input "
                 "(chunk_size, memory_budget, memory-mapped or chunked data) is not supported for them yet"
             )
+        if validation_fraction:
+            raise ValueError("validation_fraction is for rows in memory; streamed data are fitted on all rows "
+                             "(validation_fraction=0)")
         data = as_chunked_data(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
                                statistics_dtype=statistics_dtype)
     elif y is None:
@@ -585,13 +667,18 @@ def fit(
             getattr(model, name).zero_()
         for name in ("input_scale", "target_scale"):
             getattr(model, name).fill_(1.0)
+    held_out, rows = None, None
     if streamed:
         model.train_inputs, model.train_targets = None, None
         initial_data = data.sample(model) if restarts else None
         x, y = data, None
+        fit_rows = (x, y)
     else:
-        model.set_train_data(x, y, strict=False)
-        initial_data = (x, y)
+        rows = split_rows(x.shape[0], validation_fraction, seed)
+        if rows is not None:
+            held_out = HeldOut(model, x[rows[1]], y[rows[1]])
+        initial_data = fit_rows = (x, y) if rows is None else (x[rows[0]], y[rows[0]])
+        model.set_train_data(*fit_rows, strict=False)
 
     store = None
     if checkpoint is not None:
@@ -599,6 +686,7 @@ def fit(
             "optimizer": optimizer, "max_iter": max_iter, "restarts": restarts,
             "restart_iter": restart_iter if restarts else None, "lr": lr, "tolerance": float(tolerance),
             "standardize": standardize, "seed": seed, "model": given_model,
+            "validation_fraction": validation_fraction,
             "chunk_rows": data.rows(model) if streamed else None,
             "statistics_dtype": str(data.statistics_dtype) if streamed else None,
             "data": data_fingerprint(data.chunks(model) if streamed else [(raw_x, raw_y)]),
@@ -607,10 +695,13 @@ def fit(
     total = max_iter + restarts * restart_iter
     with tqdm(total=total, disable=not progress, desc="fit", leave=False) as bar, collect_jitter() as jitters:
         history = _Training(
-            model, x, y, initial_data, data if streamed else None, optimizer=optimizer, max_iter=max_iter,
-            restarts=restarts, restart_iter=restart_iter, lr=lr, tolerance=tolerance, seed=seed,
-            standardize=standardize, bar=bar, jitters=jitters, checkpoint=store,
+            model, *fit_rows, initial_data, data if streamed else None,
+            optimizer=optimizer, max_iter=max_iter, restarts=restarts, restart_iter=restart_iter, lr=lr,
+            tolerance=tolerance, seed=seed, standardize=standardize, bar=bar, jitters=jitters, checkpoint=store,
+            held_out=held_out, all_targets=None if rows is None else y,
         ).run()
+    if rows is not None:  # the posterior of all rows
+        model.set_train_data(x, y, strict=False)
     if jitters:  # one warning per fit, not one per iteration
         warnings.warn(
             f"ΦᵀΦ + σ²I (ΦΦᵀ + σ²I when n < D) was not numerically positive definite in {len(jitters)} "
