@@ -48,13 +48,15 @@ from tqdm.auto import tqdm
 
 from ._validation import check_nonnegative_int, check_positive_int, check_real
 from .datasets.uci import UCI_NUM_SPLITS, load_uci
+from .holdout import check_fraction
 from .training import noise_at_bound
 
 __all__ = ["METHODS", "main", "run", "report"]
 
 FIELDS = ["dataset", "split", "method", "model", "status", "rmse", "nlpd", "train_seconds", "peak_rss_mb",
           "n_train", "d", "num_features", "components", "restarts", "max_iter", "seed", "version",
-          "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor", "restart_iter", "machine"]
+          "iterations", "converged", "device", "peak_device_mb", "noise", "noise_floor", "restart_iter", "machine",
+          "coverage50", "coverage95", "std_over_rmse", "validation_fraction"]
 # (new columns go at the end: upgrade_csv gives an older file them, blank in its rows)
 # The columns the report reads in every row (results files written before the others existed lack those).
 # The numbers the report reads from every finished row, and how each parses.
@@ -135,14 +137,13 @@ def _run_cell(cell: tuple) -> dict:
     os.makedirs(cfg["checkpoints"], exist_ok=True)
     history = ac.fit(model, data.x_train, data.y_train, max_iter=cfg["max_iter"], restarts=cfg["restarts"],
                      restart_iter=cfg["restart_iter"], seed=split, progress=False,
-                     checkpoint=cell_checkpoint(cfg, dataset, split, method))
+                     checkpoint=cell_checkpoint(cfg, dataset, split, method),
+                     validation_fraction=columns["validation_fraction"])
     pred = model.predict(data.x_test)
     y = torch.as_tensor(data.y_test, device=device)
-    var = pred.observed_variance
     on_gpu = device.type == "cuda"
     return _row(dataset, split, method, cfg, status="ok", d=d, **columns,
-                rmse=float((pred.mean - y).pow(2).mean().sqrt()),
-                nlpd=float((0.5 * ((y - pred.mean) ** 2 / var + var.log() + math.log(2 * math.pi))).mean()),
+                **predictive_scores(pred.mean, pred.observed_variance, y),
                 train_seconds=round(history.seconds, 3), iterations=history.iterations,
                 converged=history.converged,
                 peak_rss_mb=round(peak_rss_mb(), 1),
@@ -153,11 +154,28 @@ def _run_cell(cell: tuple) -> dict:
                 machine=machine_description(cfg["threads"]))
 
 
+# Two-sided standard-normal quantiles of the central 50% and 95% intervals.
+_Z50, _Z95 = 0.6744897501960817, 1.959963984540054
+
+
+def predictive_scores(mean, variance, y) -> dict:
+    """Test RMSE, mean NLPD, the coverage of the central 50% and 95% predictive intervals, and the mean
+    predictive standard deviation over the RMSE (1 where the spread matches the errors; below 1: over-confident)."""
+    z = (y - mean) / variance.sqrt()
+    rmse = float((y - mean).pow(2).mean().sqrt())
+    return {"rmse": rmse, "nlpd": float((0.5 * (z**2 + variance.log() + math.log(2 * math.pi))).mean()),
+            "coverage50": float((z.abs() <= _Z50).double().mean()),
+            "coverage95": float((z.abs() <= _Z95).double().mean()),
+            "std_over_rmse": float(variance.sqrt().mean()) / rmse}
+
+
 def _model_columns(method: str, n_train: int, cfg: dict) -> dict:
-    """A cell's model, n, D and components as its row records them: they depend on its training points
-    (exact GPs run as Fastfood expansions at n ≥ 2000; ``auto`` components)."""
+    """A cell's model, n, D, components and held-out share as its row records them: they depend on its training
+    points (exact GPs run as Fastfood expansions at n ≥ 2000; ``auto`` components) and its method (exact GPs, the
+    reference, are fitted by the marginal likelihood of all rows)."""
     kind = model_name(method, n_train)
     return {"model": kind, "n_train": n_train, "num_features": 0 if kind.startswith("exact") else 2 * cfg["num_samples"],
+            "validation_fraction": 0.0 if method.startswith("exact") else cfg["validation_fraction"],
             "components": mixture_components(cfg["components"], n_train) if method in ("gm", "pwl") else ""}
 
 
@@ -206,7 +224,7 @@ def checkpoint_directory(csv_path: str | os.PathLike) -> Path:
 # The settings a cell's fit depends on; threads and the data folder are not among them
 # (the fit's own key holds the data's fingerprint).
 _FIT_SETTINGS = ("num_samples", "components", "max_iter", "restarts", "restart_iter", "device", "noise_floor",
-                 "version")
+                 "validation_fraction", "version")
 
 
 def cell_checkpoint(cfg: dict, dataset: str, split: int, method: str) -> Path:
@@ -341,7 +359,7 @@ def _settings(row: dict) -> tuple:
         value = row.get(name)
         return None if value in (None, "") else int(value)
     return (number("max_iter"), number("restarts"), number("restart_iter"), noise_floor_of(row),
-            ran_on_gpu(row), number("num_features"), number("components"))
+            ran_on_gpu(row), number("num_features"), number("components"), held_out_share(row))
 
 
 def _cell_key(row: dict) -> tuple:
@@ -350,11 +368,12 @@ def _cell_key(row: dict) -> tuple:
 
 def _other_setting(row: dict, args: argparse.Namespace) -> str | None:
     """The first setting a results row ran with that this run does not ask for (``None``: none)."""
-    max_iter, restarts, restart_iter, floor, gpu, features, components = _settings(row)
+    max_iter, restarts, restart_iter, floor, gpu, features, components, held_out = _settings(row)
     wanted_gpu = args.device.startswith("cuda")
     checks = [("max_iter", max_iter, args.max_iter), ("restarts", restarts, args.restarts),
               ("restart_iter", restart_iter, args.restart_iter), ("noise_floor", floor, args.noise_floor),
-              ("device", "cuda" if gpu else "cpu", "cuda" if wanted_gpu else "cpu")]
+              ("device", "cuda" if gpu else "cpu", "cuda" if wanted_gpu else "cpu"),
+              ("validation_fraction", held_out, 0.0 if row["method"].startswith("exact") else args.validation_fraction)]
     if features:  # 0 for an exact GP: it has no features
         checks.append(("D", features, 2 * args.num_samples))
     if components is not None:
@@ -525,6 +544,7 @@ def cell_settings(args: argparse.Namespace) -> dict:
     return {"data": args.data, "num_samples": args.num_samples, "components": args.components,
             "max_iter": args.max_iter, "restarts": args.restarts, "restart_iter": args.restart_iter,
             "threads": args.threads, "device": args.device, "noise_floor": args.noise_floor,
+            "validation_fraction": args.validation_fraction,
             "version": package_version(), "checkpoints": str(checkpoint_directory(args.csv))}
 
 
@@ -564,6 +584,7 @@ def _check_settings(args: argparse.Namespace) -> None:
         check_nonnegative_int(args.limit, "--limit")
     if args.time_budget is not None:
         check_real(args.time_budget, "--time-budget", 0)
+    check_fraction(args.validation_fraction)
     if check_real(args.noise_floor, "--noise-floor", 0) >= 1:
         raise ValueError(f"--noise-floor must be below 1, the standardised targets' variance, got {args.noise_floor!r}")
     if args.components != "auto":
@@ -705,6 +726,7 @@ class Column(NamedTuple):
     noise_floor: float | None = None
     restarts: int | None = None
     components: int | None = None
+    held_out: float | None = None
 
     def __str__(self) -> str:
         return " ".join([self.method, *([f"D={self.features}"] if self.features else []),
@@ -712,11 +734,12 @@ class Column(NamedTuple):
                          *([f"σ²≥{self.noise_floor:g}"] if self.noise_floor else []),
                          *([f"restarts={self.restarts}"] if self.restarts is not None else []),
                          *([f"components={self.components}"] if self.components else []),
+                         *([f"held-out {self.held_out:g}"] if self.held_out else []),
                          *(["cuda"] if self.gpu else [])])
 
     def order(self) -> tuple:
         return (METHODS.index(self.method), self.features or 0, self.max_iter or 0, -(self.noise_floor or 1),
-                self.restarts or 0, self.components or 0, self.gpu)
+                self.restarts or 0, self.components or 0, self.held_out or 0, self.gpu)
 
 
 def _features(row: dict) -> int:
@@ -727,6 +750,11 @@ def _features(row: dict) -> int:
 def noise_floor_of(row: dict) -> float:
     """A results row's lower bound on σ²; rows from before the column existed ran at GPyTorch's."""
     return float(row.get("noise_floor") or DEFAULT_NOISE_FLOOR)
+
+
+def held_out_share(row: dict) -> float:
+    """The share of training rows a results row's fit held out (rows from before the column existed held none)."""
+    return float(row.get("validation_fraction") or 0.0)
 
 
 def ran_on_gpu(row: dict) -> bool:
@@ -773,7 +801,8 @@ def _column_of(rows: list[dict], timed_out: list[dict] = ()):
                       noise_floor_of(r) if len(floors[method]) > 1 or noise_floor_of(r) != DEFAULT_NOISE_FLOOR
                       else None,
                       int(r["restarts"]) if len(restarts[method]) > 1 and r.get("restarts") else None,
-                      int(r["components"]) if method in several_components and r.get("components") else None)
+                      int(r["components"]) if method in several_components and r.get("components") else None,
+                      held_out_share(r) or None)
     return column
 
 
@@ -834,12 +863,17 @@ def report(args: argparse.Namespace) -> str:
                                  "give each results file once, and remove the repeated row")
             seen[cell] = path
     rmse, seconds, memory, gpu_memory = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
+    nlpd, coverage95 = defaultdict(list), defaultdict(list)  # where recorded (coverage: rows since the column)
     ran_as_fastfood = set()  # (dataset, column) keys of exact GPs fitted as Fastfood expansions (n ≥ 2000)
     converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
     at_floor = defaultdict(list)  # likewise
     for r in rows:
         key = (r["dataset"], column_of(r))
         rmse[key].append(float(r["rmse"]))
+        if r.get("nlpd"):
+            nlpd[key].append(float(r["nlpd"]))
+        if r.get("coverage95"):
+            coverage95[key].append(float(r["coverage95"]))
         seconds[key].append(float(r["train_seconds"]))
         memory[key].append(float(r["peak_rss_mb"]))
         if r.get("peak_device_mb"):
@@ -859,7 +893,9 @@ def report(args: argparse.Namespace) -> str:
     sizes = sorted({_features(r) for r in rows} - {0})
     lines = [f"Command: `{args.command}`" if args.command else "", "",
              "Test RMSE, mean ± std over splits (number of splits in brackets when fewer than 10), and under it "
-             "the mean training seconds · peak resident MB of one cell's process (and, where recorded, how many "
+             "the mean test NLPD (nats per point, the targets' units) and the share of test targets inside the "
+             "central 95% predictive interval where every split recorded them, the mean training seconds · peak "
+             "resident MB of one cell's process (and, where recorded, how many "
              "fits converged before max_iter, and how many ended with the noise variance at its lower bound, "
              "σ² ≤ 2 × floor). **Bold**: the best mean of the "
              "row, ours or the paper's (À la carte Table 1). `exact-*` run as Fastfood expansions at n ≥ 2000 "
@@ -908,7 +944,9 @@ def report(args: argparse.Namespace) -> str:
             if timed:  # (else the splits in brackets would seem never run)
                 fits += f" · {timed} timed out"
             on_gpu = f" · {np.mean(gpu_memory[(ds, m)]):.0f} MB GPU" if gpu_memory[(ds, m)] else ""
-            cells.append(f"{text}{marker}<br><sub>{np.mean(seconds[(ds, m)]):.0f} s · "
+            calibration = (f"NLPD {np.mean(nlpd[(ds, m)]):.3g} · " if len(nlpd[(ds, m)]) == len(v) else "") + (
+                f"95% cover {np.mean(coverage95[(ds, m)]):.2f} · " if len(coverage95[(ds, m)]) == len(v) else "")
+            cells.append(f"{text}{marker}<br><sub>{calibration}{np.mean(seconds[(ds, m)]):.0f} s · "
                          f"{np.mean(memory[(ds, m)]):.0f} MB{on_gpu}{fits}</sub>")
         for m in paper_methods:
             p = paper.get((ds, PAPER_COLUMNS[m]))
@@ -1105,6 +1143,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                    "get a column of their own in the report)")
     r.add_argument("--noise-floor", type=float, default=DEFAULT_NOISE_FLOOR,
                    help="lower bound on the noise variance σ² in standardised units (default: GPyTorch's)")
+    r.add_argument("--validation-fraction", type=float, default=0.0,
+                   help="share of the training rows a feature method's fit holds out (alacarte.fit; 0.2 gives "
+                        "calibrated predictive intervals, docs/calibration.md; default 0, the paper's protocol); "
+                        "exact GPs, the reference, are fitted by the marginal likelihood of all rows")
     r.add_argument("--time-budget", type=float, default=None,
                    help="seconds per cell before it is stopped (counted afresh when a killed cell resumes); "
                         "cells that timed out at a shorter budget run again")

@@ -54,6 +54,25 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run(tmp_path):
     assert report.count("/1 converged</sub>") == 4  # one fit per cell, each with its ending recorded
 
 
+def test_held_out_rows_are_recorded_with_the_calibration_and_reported_in_a_column_of_their_own(tmp_path):
+    """--validation-fraction reaches the feature methods' fits (exact GPs, the reference, hold none out), every
+    row records its share and the test targets' interval coverage, and the report shows NLPD and coverage."""
+    path = tmp_path / "held.csv"
+    run(path, "--validation-fraction", "0.2", "--datasets", "servo")
+    rows = {r["method"]: r for r in read_rows(path)}
+    assert float(rows["fsard"]["validation_fraction"]) == 0.2 and float(rows["exact-ard"]["validation_fraction"]) == 0
+    for r in rows.values():
+        z50, z95 = float(r["coverage50"]), float(r["coverage95"])
+        assert 0 <= z50 <= z95 <= 1 and float(r["std_over_rmse"]) > 0
+    # Another share is another setting for the feature method, whose cell runs again beside the first;
+    # exact ARD's is the same (it holds none out either way).
+    assert "1 cells done, 1 to run" in run(path, "--validation-fraction", "0", "--datasets", "servo")
+    report = subprocess.run([sys.executable, str(ROOT / "experiments" / "uci_benchmark.py"), "report", "--csv",
+                             str(path)], check=True, capture_output=True, text=True, timeout=60).stdout
+    assert "| exact-ard | fsard | fsard held-out 0.2 |" in report
+    assert report.count("95% cover ") == 3 and report.count("<sub>NLPD ") == 3
+
+
 def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path):
     path, one_cell = tmp_path / "budget.csv", ["--datasets", "servo", "--methods", "exact-ard"]
     out = run(path, *one_cell, "--time-budget", "0.5")  # not even the imports fit in half a second
@@ -389,9 +408,9 @@ def test_a_lower_noise_floor_is_applied_recorded_and_reported_in_a_column_of_its
     assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
     text = (tmp_path / "r.md").read_text()
     assert "| dataset | n train | gm | pwl σ²≥0.0001 | pwl σ²≥1e-08 | GM (paper) | PWL (paper) |" in text
-    assert ("| wine | 1439 | 0.61 ± 0.01 [2]<br><sub>3 s · 300 MB · 1/2 at the noise floor</sub> "
-            "| 0.51 ± 0.01 [2]<br><sub>3 s · 300 MB</sub> "
-            "| **0.46 ± 0.01 [2]**<br><sub>3 s · 300 MB · 1/2 at the noise floor</sub> |") in text
+    assert ("| wine | 1439 | 0.61 ± 0.01 [2]<br><sub>NLPD 0 · 3 s · 300 MB · 1/2 at the noise floor</sub> "
+            "| 0.51 ± 0.01 [2]<br><sub>NLPD 0 · 3 s · 300 MB</sub> "
+            "| **0.46 ± 0.01 [2]**<br><sub>NLPD 0 · 3 s · 300 MB · 1/2 at the noise floor</sub> |") in text
 
 
 def test_gpu_rows_get_their_own_column_with_their_gpu_memory(tmp_path):
@@ -406,7 +425,8 @@ def test_gpu_rows_get_their_own_column_with_their_gpu_memory(tmp_path):
     assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
     text = (tmp_path / "r.md").read_text()
     assert "| dataset | n train | gm | gm cuda | GM (paper) |" in text
-    assert "| wine | 1439 | 0.51 ± 0.01 [2]<br><sub>3 s · 300 MB</sub> | **0.46 ± 0.01 [2]**<br><sub>3 s · 300 MB · 812 MB GPU</sub> |" in text
+    assert ("| wine | 1439 | 0.51 ± 0.01 [2]<br><sub>NLPD 0 · 3 s · 300 MB</sub> | **0.46 ± 0.01 [2]**<br><sub>NLPD 0 · 3 s · "
+            "300 MB · 812 MB GPU</sub> |") in text
     assert "| wine | 0.46 (gm cuda) | 0.47 (ARD) | 0.98 | 0.46 ≤ 0.47 | -0.4 | — |" in text
 
 
