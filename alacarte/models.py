@@ -107,6 +107,14 @@ def _into_rows(out: Tensor | None, part: Tensor, start: int, total: int) -> Tens
     return out
 
 
+def shifted_mean(t: Tensor) -> Tensor:
+    """Column means (dim 0) summed as deviations from the column's midrange: a constant column's mean is its
+    value exactly (sixty rows of 1e50 summed plainly give 9.999999999999999e49, and the "constant" column
+    then standardises to ±1e34), and a nearly constant one's is accurate to its spread's round-off."""
+    middle = t.amax(0) / 2 + t.amin(0) / 2  # (halved first: the sum of two values near ±1.7e308 overflows)
+    return middle + (t - middle).mean(0)
+
+
 class _StandardizedGP(ExactGP):
     """ExactGP plus affine input/target standardisation kept in buffers."""
 
@@ -135,11 +143,13 @@ class _StandardizedGP(ExactGP):
 
         A constant column (max = min) is only centred: its computed std can be
         round-off (0.1s give ~1e-17), and dividing by it would make an O(1) input."""
-        x_scale = robust_std(x, 0) if x.shape[0] > 1 else torch.ones_like(x[0])
-        y_scale = robust_std(y) if y.shape[0] > 1 else torch.ones_like(y[0])
+        x_offset, y_offset = shifted_mean(x), shifted_mean(y)
+        # (of the deviations, which are exact: torch's std of the values themselves centres them on a plain sum)
+        x_scale = robust_std(x - x_offset, 0) if x.shape[0] > 1 else torch.ones_like(x[0])
+        y_scale = robust_std(y - y_offset) if y.shape[0] > 1 else torch.ones_like(y[0])
         x_scale = x_scale.masked_fill(x.amax(0) == x.amin(0), 0.0)  # 0 → scale 1 below
         y_scale = y_scale.masked_fill(y.amax() == y.amin(), 0.0)
-        self.set_standardization(x.mean(0), x_scale, y.mean(), y_scale)
+        self.set_standardization(x_offset, x_scale, y_offset, y_scale)
         return self.internal_inputs(x), (y - self.target_offset) / self.target_scale
 
     @torch.no_grad()

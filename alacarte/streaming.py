@@ -365,15 +365,23 @@ class ChunkedData:
         spread = peaks[0] + peaks[1]
         unit = torch.where(spread > 0, spread, torch.ones_like(spread))
         first_pass = self.last_pass
+        # The second pass also sums the deviations, to correct the mean (the corrected two-pass algorithm): a plain
+        # sum of sixty 1e50s over n is 9.999999999999999e49, a constant column's deviations from it are then 1e34.
         squares = torch.zeros_like(x_sum)  # the last entry counts processes whose second pass read other rows
+        deviations = torch.zeros_like(x_sum[:-1])
         for x_c, y_c in self.chunks(model):
-            squares[:-2] += ((x_c.to(torch.float64) - mean[:-1]) / unit[:-1]).square().sum(0)
-            squares[-2] += ((y_c.to(torch.float64) - mean[-1]) / unit[-1]).square().sum()
+            columns = (torch.cat([x_c, y_c.unsqueeze(-1)], -1).to(torch.float64) - mean) / unit
+            squares[:-1] += columns.square().sum(0)
+            deviations += columns.sum(0)
         squares[-1] = float(self.other_rows_since(first_pass))
         self.all_reduce_(squares)
+        self.all_reduce_(deviations)
         self.check_same_rows(squares[-1])
-        std = (squares[:-1] / (n - 1)).sqrt() * unit
+        shift = deviations / n
+        std = ((squares[:-1] / n - shift.square()).clamp_min(0) * (n / (n - 1))).sqrt() * unit
         std = std.masked_fill(spread == 0, 0.0)
+        # A constant column's mean is its value (max = −(max of the negation)), exactly.
+        mean = torch.where(spread == 0, peaks[0], mean + shift * unit)
         dtype = model.input_offset.dtype
         return mean[:-1].to(dtype), std[:-1].to(dtype), mean[-1].to(dtype), std[-1].to(dtype)
 
