@@ -137,6 +137,12 @@ class _Optimization:
         self.simplex = SimplexStep(model, inputs=x)
         params = [p for p in model.parameters() if p.requires_grad and not self.simplex.owns(p)]
         self.opt = _make_optimizer(params, optimizer, lr) if params else None  # (None: π alone is trained)
+        self.params = params
+        # L-BFGS's step() first evaluates the loss where the step starts, which the previous step's line
+        # search evaluated already: the evaluations of the latest step, by the bytes of every parameter
+        # (π too, which the simplex step moves between steps), give that one back instead of computing it
+        # again — the same loss and gradients, so the same path, at one evaluation per iteration.
+        self.evaluations: dict[bytes, tuple] = {}
         self.iteration = 0
         self.losses: list[float] = []
         self.calm = 0
@@ -171,6 +177,11 @@ class _Optimization:
     def _loss(self, backward: bool):
         return _negative_mll(self.model, self.x, self.y, backward=backward)
 
+    def _parameter_key(self) -> bytes:
+        """Every parameter's bytes: the point a loss was evaluated at."""
+        return b"".join(p.detach().reshape(-1).cpu().view(torch.uint8).numpy().tobytes()
+                        for p in self.model.parameters())
+
     def _score(self) -> bool:
         """Score the current iterate on the held-out rows; whether to stop (no better one for
         :data:`~alacarte.holdout.PATIENCE` iterations)."""
@@ -200,8 +211,18 @@ class _Optimization:
             raise ValueError(f"the model's parameters {nan} are NaN where fit starts; set them to numbers")
 
         def closure():
+            key = self._parameter_key() if self.lbfgs else None
+            if key is not None and key in self.evaluations:
+                loss, grads = self.evaluations[key]
+                for p, grad in zip(self.params, grads):
+                    p.grad = None if grad is None else grad.clone()
+                return loss
             opt.zero_grad()
-            return self._loss(backward=True)
+            loss = self._loss(backward=True)
+            if key is not None:
+                self.evaluations[key] = (loss.detach(), [None if p.grad is None else p.grad.detach().clone()
+                                                         for p in self.params])
+            return loss
 
         with model.inference_settings():
             if self.held_out is not None and not self.validation:
@@ -210,6 +231,9 @@ class _Optimization:
                 if before_iteration is not None:
                     before_iteration()
                 self.iteration += 1
+                if self.lbfgs:  # of the evaluations kept, only the one where this step starts can be asked for
+                    key = self._parameter_key()
+                    self.evaluations = {key: self.evaluations[key]} if key in self.evaluations else {}
                 try:
                     loss = float(opt.step(closure).detach()) if opt is not None else float(self._loss(False))
                     if simplex:
