@@ -16,30 +16,32 @@ from alacarte.factory import KERNEL_NAMES
 from alacarte.holdout import RECOMMENDED_FRACTION
 
 LENGTHSCALES = np.array([1.0, 1.5, 3.0])
+# Kernels with one lengthscale for every input are given a truth of that form.
+ISOTROPIC = {"fastfood-rbf": np.array([1.5, 1.5, 1.5])}
 SIGNAL, NOISE = 1.0, 0.05
 TEST_POINTS = 2000
 
 
-def rbf(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    diff = (a[:, None, :] - b[None, :, :]) / LENGTHSCALES
+def rbf(a: np.ndarray, b: np.ndarray, lengthscales: np.ndarray = LENGTHSCALES) -> np.ndarray:
+    diff = (a[:, None, :] - b[None, :, :]) / lengthscales
     return SIGNAL * np.exp(-0.5 * (diff**2).sum(-1))
 
 
-def draw(n: int, seed: int):
+def draw(n: int, seed: int, lengthscales: np.ndarray = LENGTHSCALES):
     """Training and test rows of one function drawn from the prior, with noisy targets."""
     rng = np.random.default_rng(seed)
     x = rng.uniform(-2, 2, size=(n + TEST_POINTS, 3))
-    cov = rbf(x, x) + 1e-8 * np.eye(len(x))
+    cov = rbf(x, x, lengthscales) + 1e-8 * np.eye(len(x))
     f = np.linalg.cholesky(cov) @ rng.standard_normal(len(x))
     y = f + math.sqrt(NOISE) * rng.standard_normal(len(x))
     return x[:n], y[:n], x[n:], y[n:]
 
 
-def true_posterior(x, y, x_test):
+def true_posterior(x, y, x_test, lengthscales: np.ndarray = LENGTHSCALES):
     """The exact predictive mean and variance of a new observation under the true kernel and noise."""
-    k = rbf(x, x) + NOISE * np.eye(len(x))
+    k = rbf(x, x, lengthscales) + NOISE * np.eye(len(x))
     chol = np.linalg.cholesky(k)
-    cross = rbf(x_test, x)
+    cross = rbf(x_test, x, lengthscales)
     alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
     w = np.linalg.solve(chol, cross.T)
     return cross @ alpha, SIGNAL - (w**2).sum(0) + NOISE
@@ -57,8 +59,9 @@ FEATURE_KERNELS = [name for name in KERNEL_NAMES if not name.startswith("exact")
 
 
 def check_calibrated(kernel: str, n: int, seed: int) -> None:
-    x, y, x_test, y_test = draw(n, seed)
-    true_mean, true_var = true_posterior(x, y, x_test)
+    lengthscales = ISOTROPIC.get(kernel, LENGTHSCALES)
+    x, y, x_test, y_test = draw(n, seed, lengthscales)
+    true_mean, true_var = true_posterior(x, y, x_test, lengthscales)
     reg = AlaCarteRegressor(kernel, validation_fraction=RECOMMENDED_FRACTION).fit(x, y)
     mean, std = reg.predict(x_test, return_std=True)
     ours, truth = nlpd(mean, std**2, y_test), nlpd(true_mean, true_var, y_test)
