@@ -27,25 +27,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import mixture_components, model_name, package_version, parse_splits  # noqa: E402
+from alacarte.benchmark import (  # noqa: E402
+    mixture_components,
+    model_name,
+    package_version,
+    parse_splits,
+    predictive_scores,
+)
 from alacarte.factory import make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 FIELDS = ["dataset", "split", "method", "validation_fraction", "num_features", "n_train", "rmse", "nlpd",
           "coverage50", "coverage95", "std_over_rmse", "noise", "held_out_rows", "iterations", "seconds", "version"]
-# Two-sided standard-normal quantiles of the central 50% and 95% intervals.
-_Z50, _Z95 = 0.6744897501960817, 1.959963984540054
-
-
-def predictive_scores(mean: torch.Tensor, variance: torch.Tensor, y: torch.Tensor) -> dict:
-    """RMSE, mean NLPD, central 50%/95% interval coverage and mean predictive std over RMSE."""
-    z = (y - mean) / variance.sqrt()
-    rmse = float((y - mean).pow(2).mean().sqrt())
-    return {"rmse": rmse, "nlpd": float((0.5 * (z**2 + torch.log(2 * math.pi * variance))).mean()),
-            "coverage50": float((z.abs() <= _Z50).double().mean()),
-            "coverage95": float((z.abs() <= _Z95).double().mean()),
-            "std_over_rmse": float(variance.sqrt().mean()) / rmse}
 
 
 def run_cell(dataset: str, split: int, method: str, args) -> dict:
