@@ -175,7 +175,7 @@ def _model_columns(method: str, n_train: int, cfg: dict) -> dict:
     reference, are fitted by the marginal likelihood of all rows)."""
     kind = model_name(method, n_train)
     return {"model": kind, "n_train": n_train, "num_features": 0 if kind.startswith("exact") else 2 * cfg["num_samples"],
-            "validation_fraction": 0.0 if method.startswith("exact") else cfg["validation_fraction"],
+            "validation_fraction": cell_validation_fraction(method, cfg["validation_fraction"]),
             "components": mixture_components(cfg["components"], n_train) if method in ("gm", "pwl") else ""}
 
 
@@ -373,7 +373,7 @@ def _other_setting(row: dict, args: argparse.Namespace) -> str | None:
     checks = [("max_iter", max_iter, args.max_iter), ("restarts", restarts, args.restarts),
               ("restart_iter", restart_iter, args.restart_iter), ("noise_floor", floor, args.noise_floor),
               ("device", "cuda" if gpu else "cpu", "cuda" if wanted_gpu else "cpu"),
-              ("validation_fraction", held_out, 0.0 if row["method"].startswith("exact") else args.validation_fraction)]
+              ("validation_fraction", held_out, cell_validation_fraction(row["method"], args.validation_fraction))]
     if features:  # 0 for an exact GP: it has no features
         checks.append(("D", features, 2 * args.num_samples))
     if components is not None:
@@ -750,6 +750,12 @@ def _features(row: dict) -> int:
 def noise_floor_of(row: dict) -> float:
     """A results row's lower bound on σ²; rows from before the column existed ran at GPyTorch's."""
     return float(row.get("noise_floor") or DEFAULT_NOISE_FLOOR)
+
+
+def cell_validation_fraction(method: str, fraction: float) -> float:
+    """The share of rows a method's fit holds out at the run's ``--validation-fraction``: none for exact GPs,
+    the reference, fitted by the marginal likelihood of all rows."""
+    return 0.0 if method.startswith("exact") else fraction
 
 
 def held_out_share(row: dict) -> float:

@@ -417,6 +417,9 @@ class _Training:
     def _score(self) -> float:
         """What decides between optimisations at the model's current state: the held-out loss where
         rows are held out, else the training loss (``inf`` where it cannot be computed)."""
+        if self.held_out is not None and self.best_iteration is not None:
+            # The latest optimisation left the model at its best-scored iterate: that score, not computed again.
+            return self.validation[self.best_iteration]
         try:
             value = self.held_out.loss() if self.held_out is not None else _current_loss(self.model, self.x, self.y)
         except _BROKEN_FACTORISATION:
