@@ -189,6 +189,11 @@ def _check_rows(path: Path, names: list[str], wanted: list[str]) -> None:
                     raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 
+def fraction(text: str) -> float | str:
+    """``--validation-fraction``'s value: ``auto`` or a number (checked by the fit)."""
+    return text if text == "auto" else float(text)
+
+
 def _rms(r: np.ndarray) -> float:
     """√mean(r²) of residuals divided by their largest magnitude: squares of targets in units of 1e300
     overflowed (a training RMSE of inf, and 'Infinity' in the JSON), of 1e-300 underflowed to 0."""
@@ -342,10 +347,10 @@ def _add_fit(commands, common) -> None:
     cmd.add_argument("--restarts", type=int, default=5, help="random initialisations tried first (default 5)")
     cmd.add_argument("--restart-iter", type=int, default=15, help="iterations per restart (default 15)")
     cmd.add_argument("--seed", type=int, default=0, help="seed of the features and restarts (default 0)")
-    cmd.add_argument("--validation-fraction", type=float, default=0.0,
-                     help="share of the rows held out to stop the fit before it over-fits and to choose the noise "
-                          "(0.2 recommended for feature kernels: calibrated predictive intervals; default 0: "
-                          "the marginal likelihood of all rows, as in the paper)")
+    cmd.add_argument("--validation-fraction", type=fraction, default="auto",
+                     help="share of the rows held out to stop the fit before it over-fits and to calibrate the "
+                          "predictive intervals (default auto: 0.2 for feature kernels, 0 for exact GPs; "
+                          "0: the marginal likelihood of all rows, as in the paper)")
     cmd.set_defaults(run=_fit)
 
 

@@ -12,15 +12,18 @@ posterior but not from the hyperparameters, keeps improving along that path.
 
 So :func:`alacarte.fit` holds out a random part of the training rows, fits the
 hyperparameters by marginal likelihood on the rest, scores every iterate by the
-negative log predictive density of the held-out rows, and keeps the best
-iterate (early stopping); the restarts are chosen by the same score.
+negative log predictive density of the held-out rows at the best overall scale of
+the predictive variance (:class:`HeldOut`), and keeps the best iterate (early
+stopping); the restarts are chosen by the same score.
 
-Then the noise variance σ² alone is chosen by the same score (:meth:`HeldOut.tune_noise`).
+Then the noise variance σ² and that overall scale are chosen by the same score
+(:meth:`HeldOut.calibrate`).
 A finite feature map is a misspecified model of the kernel it approximates: with D
 features and n ≳ D rows the training rows pin down the weights and the posterior
 variance between them is far too small, while the likelihood of the training rows
 cannot see it (they are fitted).  The held-out rows see it, and σ² — which in
-y = φ(x)ᵀw + ε stands for everything the features do not explain — absorbs it.
+y = φ(x)ᵀw + ε stands for everything the features do not explain — absorbs it, and the
+overall scale of σ_f² and σ² sets the width of the predictive band.
 Under misspecification, choosing a variance parameter by cross-validated predictive
 likelihood rather than marginal likelihood is the robust choice (Bachoc 2013,
 *Cross validation and maximum likelihood estimations of hyper-parameters of Gaussian
@@ -36,12 +39,13 @@ from scipy.optimize import minimize_scalar
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
-from .init import set_noise
+from .init import scale_signal, set_noise, signal_variance_parameter
 from .woodbury import NotPositiveDefiniteError
 
-__all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "HeldOut", "check_fraction", "split_rows"]
+__all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "SCALE_PRIOR_ROWS", "HeldOut", "check_fraction", "resolve_fraction",
+           "split_rows"]
 
-#: The share of training rows recommended for a feature GP's fit to hold out (docs/calibration.md).
+#: The share of training rows a feature GP's fit holds out by default (docs/calibration.md).
 RECOMMENDED_FRACTION = 0.2
 #: At most this many rows are held out: beyond it the score is precise enough, and rows are better spent on the fit.
 MAX_ROWS = 5000
@@ -49,18 +53,45 @@ MAX_ROWS = 5000
 PATIENCE = 20
 # Fewer training rows than this leave nothing to hold out.
 _MIN_ROWS = 10
+#: The weight, in held-out rows, of the variance scale's prior centre s = 1 (see :class:`HeldOut`).
+SCALE_PRIOR_ROWS = 20
 # The noise search's range in standardised units (the targets' variance is 1), and its precision in log σ².
 _NOISE_RANGE = (1e-6, 10.0)
 _LOG_NOISE_TOLERANCE = 1e-3
 
 
-def check_fraction(fraction) -> float:
-    """``fraction`` as a float in [0, 1), or a ``ValueError``."""
+def check_fraction(fraction) -> float | str:
+    """``fraction`` as a float in [0, 1), or ``"auto"``, else a ``ValueError``."""
+    if fraction == "auto" and isinstance(fraction, str):
+        return fraction
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating, np.integer)):
-        raise ValueError(f"validation_fraction must be a number in [0, 1), got {fraction!r}")
+        raise ValueError(f"validation_fraction must be a number in [0, 1) or 'auto', got {fraction!r}")
     fraction = float(fraction)
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"validation_fraction must be in [0, 1), got {fraction!r}")
+    return fraction
+
+
+def resolve_fraction(fraction, model, streamed: bool) -> float:
+    """The share of rows a fit of ``model`` holds out: ``fraction`` itself, or for ``"auto"`` (the
+    default of :func:`~alacarte.fit`, the estimator and the command line)
+    :data:`RECOMMENDED_FRACTION` for a feature GP with its rows in memory, and 0 — the marginal
+    likelihood of all rows — for an exact GP (no finite feature map to over-fit; it is the
+    reference the feature GPs are measured against), for streamed rows, and for a simplex-ARD
+    kernel (its exact zeros are where the likelihood's path ends: stopping early keeps weight
+    on irrelevant inputs).
+
+    Raises:
+        ValueError: for a fraction outside [0, 1), or a positive one with streamed rows.
+    """
+    fraction = check_fraction(fraction)
+    if fraction == "auto":
+        kernel = model.covar_module
+        feature_gp = hasattr(kernel, "features") and not getattr(kernel, "simplex", False)
+        return RECOMMENDED_FRACTION if feature_gp and not streamed else 0.0
+    if fraction and streamed:
+        raise ValueError("validation_fraction is for rows in memory; streamed data are fitted on all rows "
+                         "(validation_fraction=0)")
     return fraction
 
 
@@ -80,7 +111,17 @@ def split_rows(n: int, fraction: float, seed: int | None) -> tuple[Tensor, Tenso
 
 class HeldOut:
     """The negative log predictive density per held-out row, in the model's internal (standardised)
-    units, under the posterior of the model's current training rows and parameters.
+    units, under the posterior of the model's current training rows and parameters, at the best
+    overall scale of the predictive variance.
+
+    Multiplying the signal variance σ_f² and the noise variance σ² by one factor s leaves the
+    posterior mean as it is and multiplies every predictive variance by s, so that scale has a
+    closed-form estimate from the held-out residuals r and predictive variances v,
+    s* = (Σ r²/v + ν) / (|H| + ν): the best scale of the |H| held-out rows, pulled towards the
+    model's own (s = 1) with the weight of ν = :data:`SCALE_PRIOR_ROWS` rows (the mode of an
+    inverse-gamma prior), so that a handful of held-out rows cannot shrink the band at will.
+    Scoring at s* judges an iterate by its mean and the *shape* of its variance, which the
+    fit's σ² need not have settled yet; :meth:`calibrate` then sets s* and σ².
 
     Args:
         model: a :class:`~alacarte.FeatureGP` or :class:`~alacarte.ExactRBFGP` in train mode whose
@@ -96,31 +137,42 @@ class HeldOut:
         return self.y.shape[-1]
 
     @torch.no_grad()
-    def loss(self) -> float:
-        """The score (``inf`` where the posterior cannot be factorised); the model is left in train mode."""
+    def score_and_scale(self) -> tuple[float, float]:
+        """(the score, s*); ``(inf, 1)`` where the posterior cannot be factorised.  The model is
+        left in train mode."""
         model = self.model
         model.eval()
         try:
             predictive = model.likelihood(model(self.x))
-            mean, variance = predictive.mean, predictive.variance
-            nlpd = 0.5 * (torch.log(2 * math.pi * variance) + (self.y - mean) ** 2 / variance)
-            value = float(nlpd.mean())
+            variance = predictive.variance
+            ratio = float(((self.y - predictive.mean) ** 2 / variance).mean())
+            rows = self.rows
+            scale = (rows * ratio + SCALE_PRIOR_ROWS) / (rows + SCALE_PRIOR_ROWS)
+            value = 0.5 * (math.log(2 * math.pi * scale) + float(torch.log(variance).mean()) + ratio / scale)
         except (NotPSDError, NanError, NotPositiveDefiniteError):
-            value = math.inf
+            value, scale = math.inf, 1.0
         finally:
             model.train()
-        return value if math.isfinite(value) else math.inf
+        if not (math.isfinite(value) and 0 < scale < math.inf):
+            return math.inf, 1.0
+        return value, scale
+
+    def loss(self) -> float:
+        """The score at the scale s* (``inf`` where it cannot be computed)."""
+        return self.score_and_scale()[0]
 
     @torch.no_grad()
-    def tune_noise(self) -> float | None:
-        """Set σ² to the value in its constraint (and in [1e-6, 10] standardised) with the lowest
-        held-out score, a bounded search on log σ²; keep the current σ² unless that is lower.
+    def calibrate(self) -> tuple[float, float] | None:
+        """Choose σ² (in its constraint and in [1e-6, 10] standardised) by a bounded search on
+        log σ² for the lowest score, then multiply σ² and σ_f² by that σ²'s s*.
 
         Returns:
-            The σ² set, or ``None`` when the noise is not trained (``requires_grad`` off) and is left alone.
+            (σ², s*) as set, or ``None`` when the noise or the signal variance is not trained
+            (``requires_grad`` off) and the model is left alone.
         """
         noise_covar = self.model.likelihood.noise_covar
-        if not noise_covar.raw_noise.requires_grad:
+        signal = signal_variance_parameter(self.model)
+        if not noise_covar.raw_noise.requires_grad or signal is None or not signal[0].requires_grad:
             return None
         constraint = noise_covar.raw_noise_constraint
         low = max(_NOISE_RANGE[0], 2 * float(constraint.lower_bound))
@@ -137,4 +189,7 @@ class HeldOut:
             if found.fun < best[0]:
                 best = (found.fun, math.exp(found.x))
         set_noise(self.model, best[1])
-        return best[1]
+        scale = self.score_and_scale()[1]
+        set_noise(self.model, best[1] * scale)
+        scale_signal(self.model, scale)
+        return float(self.model.likelihood.noise.min()), scale

@@ -36,7 +36,7 @@ from .kernels import (
     SSGPRKernel,
 )
 
-__all__ = ["initialize", "pair_distances", "set_noise"]
+__all__ = ["initialize", "pair_distances", "scale_signal", "set_noise", "signal_variance_parameter"]
 
 _NUM_PAIRS = 2000
 # The feature kernels _initialize has rules for.
@@ -142,6 +142,28 @@ def set_noise(model, variance: float) -> None:
         variance: the noise variance σ² to set, in the model's internal units.
     """
     _set(model.likelihood.noise_covar, "noise", variance)
+
+
+def signal_variance_parameter(model) -> tuple[Tensor, object, str] | None:
+    """(raw parameter, module, name) of what carries the signal variance σ_f²: an outputscale, or
+    a mixture's weights (whose sum is σ_f²); ``None`` for a kernel with neither."""
+    kernel = model.covar_module
+    for module, name in ((kernel, "outputscale"), (kernel, "weights")):
+        if isinstance(kernel, FeatureKernel) and name == "outputscale" and not kernel.has_outputscale:
+            continue
+        raw = getattr(module, f"raw_{name}", None)
+        if isinstance(raw, torch.nn.Parameter):
+            return raw, module, name
+    return None
+
+
+@torch.no_grad()
+def scale_signal(model, factor: float) -> None:
+    """Multiply the signal variance σ_f² by ``factor`` (kept inside its constraint)."""
+    found = signal_variance_parameter(model)
+    if found is not None:
+        _, module, name = found
+        _set(module, name, getattr(module, name) * factor)
 
 
 @torch.no_grad()

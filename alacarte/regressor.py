@@ -81,8 +81,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         restart_iter: iterations per restart.
         optimizer: ``"lbfgs"`` or ``"adam"``.
         validation_fraction: the share of the training rows held out to stop the fit before it
-            over-fits and to choose the noise variance (see :func:`alacarte.fit`); 0.2 is
-            recommended for feature kernels (docs/calibration.md); 0 (the default for now): the
+            over-fits and to calibrate the predictive variance (see :func:`alacarte.fit`);
+            ``"auto"``: 0.2 for feature kernels, 0 for the exact GPs (docs/calibration.md); 0: the
             marginal likelihood of all rows alone, as in the À la carte paper.
         random_state: seed of the kernel's random state and of the restarts
             (an int, ``None`` or a ``numpy.random.RandomState``).
@@ -136,7 +136,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         restarts: int = 5,
         restart_iter: int = 15,
         optimizer: str = "lbfgs",
-        validation_fraction: float = 0,
+        validation_fraction: float | str = "auto",
         random_state: int | np.random.RandomState | None = 0,
         progress: bool = False,
     ):

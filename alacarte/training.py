@@ -25,7 +25,7 @@ from ._validation import (
     check_real,
     check_seed,
 )
-from .holdout import PATIENCE, HeldOut, check_fraction, split_rows
+from .holdout import PATIENCE, HeldOut, resolve_fraction, split_rows
 from .init import check_initializable, initialize, set_noise
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
@@ -57,14 +57,15 @@ class FitHistory:
             is frozen).
         held_out_rows: the training rows held out of the likelihood to score the iterates
             (:mod:`alacarte.holdout`); 0 when none were.
-        validation_loss: the held-out rows' negative log predictive density per row (standardised
-            units) at every iterate of the final optimisation (and of the noise refit, when kept)
-            in order, its starting point first (empty when no rows were held out).
+        validation_loss: the held-out rows' score (:class:`~alacarte.holdout.HeldOut`) at every
+            iterate of the final optimisation (and of the noise refit, when kept) in order, its
+            starting point first (empty when no rows were held out).
         best_iteration: the index into ``validation_loss`` of the iterate the model was left at
             (``None`` when no rows were held out).
         held_out_noise: the noise variance σ² (standardised units) then chosen by the held-out
-            rows' score (:meth:`alacarte.holdout.HeldOut.tune_noise`); ``None`` when no rows were
-            held out or the noise is not trained.
+            rows' score (:meth:`alacarte.holdout.HeldOut.calibrate`); ``None`` when no rows were
+            held out or the noise or signal variance is not trained.
+        held_out_scale: the factor s* by which that calibration multiplied σ_f² and σ² (``None`` likewise).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -78,6 +79,7 @@ class FitHistory:
     validation_loss: list[float] = field(default_factory=list)
     best_iteration: int | None = None
     held_out_noise: float | None = None
+    held_out_scale: float | None = None
 
     @property
     def iterations(self) -> int:
@@ -340,7 +342,7 @@ class _Training:
             "history": {"loss": h.loss, "converged": h.converged, "restart_losses": h.restart_losses,
                         "chosen_restart": h.chosen_restart, "noise_refit_loss": h.noise_refit_loss,
                         "validation_loss": h.validation_loss, "best_iteration": h.best_iteration,
-                        "held_out_noise": h.held_out_noise},
+                        "held_out_noise": h.held_out_noise, "held_out_scale": h.held_out_scale},
             "jitters": list(self.jitters), "bar": [self.bar.n, self.bar.total],
             "seconds": self.history.seconds if self.stage == ("done", 0) else self.seconds(),
         }
@@ -460,8 +462,9 @@ class _Training:
         if self._resuming(("done", 0)):  # finished before: its result, as it was
             history.seconds = self.earlier_seconds
         else:
-            if self.held_out is not None:
-                history.held_out_noise = self.held_out.tune_noise()
+            calibrated = None if self.held_out is None else self.held_out.calibrate()
+            if calibrated is not None:
+                history.held_out_noise, history.held_out_scale = calibrated
             history.seconds = self.seconds()
             self.stage = ("done", 0)
             self._save(force=True)
@@ -516,7 +519,7 @@ def fit(
     memory_budget: int | None = None,
     statistics_dtype: torch.dtype | None = None,
     checkpoint: str | os.PathLike | None = None,
-    validation_fraction: float = 0,
+    validation_fraction: float | str = "auto",
 ) -> FitHistory:
     """Fit a GP's hyperparameters by maximising its marginal likelihood.
 
@@ -529,20 +532,20 @@ def fit(
     optimised for ``max_iter`` more.  ``restarts=0`` trains from the model's
     current hyperparameters as they are.
 
-    **Held-out rows** (``validation_fraction > 0``; rows in memory).  That share of
-    the rows (at most 5 000; none below 10 rows) is held out: the marginal
-    likelihood is maximised on the others, every iterate is scored by the held-out
-    rows' negative log predictive density, each optimisation (restart, final,
-    refit) ends at its best-scored iterate and stops after 20 iterations without a
-    better one, the restarts and the refit are chosen by that score, and then σ²
-    alone is set to minimise it.  The posterior is conditioned on all rows.
-    Learned spectra otherwise over-fit the likelihood — they tune the finite
-    feature map until it interpolates the training targets — and a finite map's
-    posterior variance between the training rows is too small; both make the
-    predictive intervals far too narrow (:mod:`alacarte.holdout`;
-    docs/calibration.md).  0.2 is the recommended value for feature GPs;
-    ``validation_fraction=0`` (the default for now) fits on all rows by marginal
-    likelihood alone, as the À la carte paper did.
+    **Held-out rows** (by default 20% for a feature GP with rows in memory;
+    :func:`~alacarte.holdout.resolve_fraction`).  That share of the rows (at most
+    5 000; none below 10 rows) is held out: the marginal likelihood is maximised on
+    the others, every iterate is scored by the held-out rows' negative log
+    predictive density at its best overall variance scale, each optimisation
+    (restart, final, refit) ends at its best-scored iterate and stops after 20
+    iterations without a better one, the restarts and the refit are chosen by that
+    score, and then σ² and the scale of σ_f² and σ² are set to minimise it.  The
+    posterior is conditioned on all rows.  Learned spectra otherwise over-fit the
+    likelihood — they tune the finite feature map until it interpolates the
+    training targets — and a finite map's posterior variance between the training
+    rows is too small; both make the predictive intervals far too narrow
+    (:mod:`alacarte.holdout`; docs/calibration.md).  ``validation_fraction=0``
+    fits on all rows by marginal likelihood alone, as the À la carte paper did.
 
     A final optimisation that ends with the noise variance σ² at its lower
     bound is run once more, for ``max_iter`` iterations, from σ² = 0.1 × the
@@ -606,7 +609,7 @@ def fit(
         checkpoint: a file that keeps the fit's progress, so that a killed fit
             resumes (see above); ``None``: none.
         validation_fraction: the share of the rows held out to score iterates and choose σ² (see
-            above), in [0, 1); 0: none.
+            above), in [0, 1); 0: none; ``"auto"``: 0.2 for a feature GP with rows in memory, else 0.
 
     Returns:
         The :class:`~alacarte.training.FitHistory`; the model is left in eval mode.
@@ -639,7 +642,6 @@ def fit(
     if not (isinstance(tolerance, numbers.Real) and tolerance >= 0):
         raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
     seed = check_seed(seed)
-    validation_fraction = check_fraction(validation_fraction)
     standardize = check_bool(standardize, "standardize")  # a truthy "no" or "False" would standardise
     if checkpoint is not None:  # before any pass over the data: a bad path must not cost one
         checkpoint = checkpoint_path(checkpoint)
@@ -660,6 +662,7 @@ def fit(
     if restarts:
         check_initializable(model)
     streamed = is_streamed_input(x, y, chunk_size, memory_budget, statistics_dtype)
+    validation_fraction = resolve_fraction(validation_fraction, model, streamed)  # before any pass over the data
     if streamed:
         if not isinstance(model, FeatureGP):
             raise ValueError(
@@ -672,9 +675,6 @@ def fit(
                 "simplex-ARD kernels train by projected gradient on the in-memory likelihood; streamed input "
                 "(chunk_size, memory_budget, memory-mapped or chunked data) is not supported for them yet"
             )
-        if validation_fraction:
-            raise ValueError("validation_fraction is for rows in memory; streamed data are fitted on all rows "
-                             "(validation_fraction=0)")
         data = as_chunked_data(x, y, chunk_size=chunk_size, memory_budget=memory_budget,
                                statistics_dtype=statistics_dtype)
     elif y is None:

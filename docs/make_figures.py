@@ -29,24 +29,34 @@ HERE = Path(__file__).parent / "figures"
 COLUMNS = ["LCB", "Cp", "L/D", "B/T", "L/B", "Froude"]
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    HERE.mkdir(exist_ok=True)
-    data = load_uci("yacht", split=0)
-    reg = AlaCarteRegressor("gm", num_samples=256, num_components=4, random_state=0)
-    reg.fit(data.x_train, data.y_train)
+def scores(reg, data) -> dict:
+    """Test RMSE, NLPD, the share inside ±2σ and the input relevances of a fitted estimator."""
     mean, std = reg.predict(data.x_test, return_std=True)
     rmse = float(np.sqrt(np.mean((mean - data.y_test) ** 2)))
     nlpd = float(np.mean(0.5 * ((data.y_test - mean) / std) ** 2 + np.log(std) + 0.5 * np.log(2 * np.pi)))
     inside = float(np.mean(np.abs(data.y_test - mean) <= 2 * std))
-    numbers = {"n_train": len(data.y_train), "n_test": len(data.y_test), "rmse": rmse, "nlpd": nlpd,
-               "within_2_std": inside, "log_marginal_likelihood": reg.log_marginal_likelihood_,
-               "relevance": dict(zip(COLUMNS, np.round(reg.relevance_, 3).tolist()))}
+    return {"rmse": rmse, "nlpd": nlpd, "within_2_std": inside,
+            "relevance": dict(zip(COLUMNS, np.round(reg.relevance_, 3).tolist()))}
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    HERE.mkdir(exist_ok=True)
+    data = load_uci("yacht", split=0)
+    # The paper's protocol (marginal likelihood of all rows), for the comparison the tutorial makes.
+    paper = AlaCarteRegressor("gm", num_samples=256, num_components=4, random_state=0, validation_fraction=0)
+    paper.fit(data.x_train, data.y_train)
+    reg = AlaCarteRegressor("gm", num_samples=256, num_components=4, random_state=0)
+    reg.fit(data.x_train, data.y_train)
+    numbers = {"n_train": len(data.y_train), "n_test": len(data.y_test), **scores(reg, data),
+               "log_marginal_likelihood": reg.log_marginal_likelihood_,
+               "paper_protocol": scores(paper, data)}
     (HERE / "yacht_gm.json").write_text(json.dumps(numbers, indent=2) + "\n")
     print(json.dumps(numbers, indent=2))
 
-    save_kernel_figure(reg.model_.covar_module, HERE / "yacht_gm_spectrum.png",
-                       title="GM kernel learned on yacht (split 0)", names=COLUMNS)
+    # The spectrum of the fit run to the likelihood's optimum: an early-stopped one has not yet concentrated it.
+    save_kernel_figure(paper.model_.covar_module, HERE / "yacht_gm_spectrum.png",
+                       title="GM kernel learned on yacht (split 0, all rows, validation_fraction=0)", names=COLUMNS)
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     # Left: a slice through the Froude number, hull geometry at the training median,
@@ -69,6 +79,7 @@ def main() -> None:
     left.set_title("a slice of the fitted function")
     left.legend(fontsize=8, loc="upper left")
     # Right: every test residual with its ±2σ predictive interval, ordered by the prediction.
+    mean, std = reg.predict(data.x_test, return_std=True)
     order = np.argsort(mean)
     idx = np.arange(len(order))
     right.axhline(0, color="0.6", lw=0.8)
@@ -77,7 +88,7 @@ def main() -> None:
     right.plot(idx, data.y_test[order] - mean[order], "x", color="C3", label="observed − predicted")
     right.set_xlabel("test point (sorted by prediction)")
     right.set_ylabel("residual")
-    right.set_title(f"test split: RMSE {rmse:.3f}, {100 * inside:.0f}% inside ±2σ")
+    right.set_title(f"test split: RMSE {numbers['rmse']:.3f}, {100 * numbers['within_2_std']:.0f}% inside ±2σ")
     right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(HERE / "yacht_gm_bands.png", dpi=100)

@@ -12,7 +12,7 @@ import torch
 
 import alacarte as ac
 from alacarte.factory import make_model
-from alacarte.holdout import MAX_ROWS, HeldOut, check_fraction, split_rows
+from alacarte.holdout import MAX_ROWS, RECOMMENDED_FRACTION, SCALE_PRIOR_ROWS, HeldOut, check_fraction, resolve_fraction, split_rows
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "uci"
 
@@ -47,21 +47,40 @@ def test_a_fraction_outside_0_1_is_a_value_error(bad):
         ac.fit(make_model("fsard", 3, num_samples=16), x, y, validation_fraction=bad, progress=False)
 
 
+def test_auto_holds_out_rows_for_feature_gps_in_memory_only():
+    feature, exact = make_model("fsard", 3, num_samples=16), make_model("exact-ard", 3)
+    simplex = ac.FeatureGP(None, None, ac.FSARDKernel(3, 16, ard_num_dims=3, simplex=True, seed=0))
+    assert resolve_fraction("auto", feature, streamed=False) == RECOMMENDED_FRACTION
+    assert resolve_fraction("auto", feature, streamed=True) == 0.0
+    assert resolve_fraction("auto", exact, streamed=False) == 0.0
+    assert resolve_fraction("auto", simplex, streamed=False) == 0.0
+    assert resolve_fraction(0.3, exact, streamed=False) == 0.3
+    with pytest.raises(ValueError, match="streamed data are fitted on all rows"):
+        resolve_fraction(0.2, feature, streamed=True)
+    x, y = data()
+    assert ac.fit(feature, x, y, max_iter=2, restarts=0, progress=False).held_out_rows == 24  # the default
+    assert ac.fit(exact, x, y, max_iter=2, restarts=0, progress=False).held_out_rows == 0
+
+
 def test_the_score_is_the_dense_gp_predictive_density_of_the_held_out_rows():
-    """The exact GP with kernel ΦΦᵀ, conditioned on the kept rows, scores the held-out ones."""
+    """The exact GP with kernel ΦΦᵀ, conditioned on the kept rows, scores the held-out ones, with its
+    predictive variances times s = (Σ r²/v + ν)/(|H| + ν), the MAP scale under ν rows' prior at 1."""
     x, y = data()
     model = make_model("fsard", 3, num_samples=32)
     model.set_train_data(x[:90], y[:90], strict=False)
     model.likelihood.noise = 0.05
     model.mean_module.constant.data.fill_(0.3)
-    score = HeldOut(model, x[90:], y[90:]).loss()
+    score, scale = HeldOut(model, x[90:], y[90:]).score_and_scale()
     with torch.no_grad():
         phi, phi_star = model.covar_module.features(x[:90]), model.covar_module.features(x[90:])
         k = phi @ phi.T + 0.05 * torch.eye(90, dtype=torch.float64)
         cross = phi_star @ phi.T
         mean = 0.3 + cross @ torch.linalg.solve(k, y[:90] - 0.3)
         var = (phi_star**2).sum(-1) - (cross * torch.linalg.solve(k, cross.T).T).sum(-1) + 0.05
-        dense = float((0.5 * (torch.log(2 * math.pi * var) + (y[90:] - mean) ** 2 / var)).mean())
+    ratios = ((y[90:] - mean) ** 2 / var).tolist()
+    expected = (sum(ratios) + SCALE_PRIOR_ROWS) / (len(ratios) + SCALE_PRIOR_ROWS)
+    assert scale == pytest.approx(expected, rel=1e-7) and abs(expected - 1) > 0.05  # the scale matters here
+    dense = float((0.5 * (torch.log(2 * math.pi * expected * var) + (y[90:] - mean) ** 2 / (expected * var))).mean())
     assert score == pytest.approx(dense, rel=1e-7)
     assert model.training  # left as it was
 
@@ -82,7 +101,7 @@ def test_a_fit_with_held_out_rows_keeps_its_best_iterate_and_conditions_on_every
     assert torch.allclose(again.predict(x).mean, model.predict(x).mean, rtol=1e-12, atol=1e-12)
 
 
-def test_the_noise_is_the_held_out_scores_minimum():
+def test_the_noise_and_scale_are_the_held_out_scores_minimum():
     x, y = data(n=200, noise=0.3)
     model = make_model("fsard", 3, num_samples=64)
     history = ac.fit(model, x, y, max_iter=20, restarts=1, restart_iter=3, validation_fraction=0.2, progress=False)
@@ -94,7 +113,13 @@ def test_the_noise_is_the_held_out_scores_minimum():
     chosen = history.held_out_noise
     model.likelihood.noise.detach()
     assert chosen == pytest.approx(float(model.likelihood.noise), rel=1e-12)
-    best = scorer.loss()
+    # Before the scale was applied, the chosen σ² had that scale as its estimate, and the lowest score.
+    scale = history.held_out_scale
+    model.likelihood.noise = chosen / scale
+    model.covar_module.outputscale = model.covar_module.outputscale / scale
+    best, before = scorer.score_and_scale()
+    assert before == pytest.approx(scale, rel=1e-6)  # (round-off of the constraints' softplus)
+    chosen = chosen / scale
     for factor in (0.9, 1.1, 0.5, 2.0):
         model.likelihood.noise = chosen * factor
         assert scorer.loss() >= best - 1e-12, factor

@@ -22,7 +22,7 @@ def counted_fit(monkeypatch, name, cache=True, **settings):
         monkeypatch.setattr(training._Optimization, "_parameter_key", lambda self: str(next(fresh)).encode())
     x, y, _ = make_se1(2000, seed=0)
     model = make_model(name, 18, num_samples=128, seed=0)
-    history = ac.fit(model, x, y, progress=False, **settings)
+    history = ac.fit(model, x, y, progress=False, validation_fraction=0, **settings)
     return history, next(calls), model
 
 

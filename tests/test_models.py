@@ -80,7 +80,7 @@ def test_training_on_fewer_points_than_features_factorises_the_smaller_n_by_n_ma
     x, y = toy_data(n=20)
     model = feature_model(m=32)  # D = 64 > n = 20
     with forbid_solves_larger_than(20) as sizes:
-        fit(model, x, y, max_iter=5, progress=False)
+        fit(model, x, y, max_iter=5, progress=False, validation_fraction=0)
     assert sizes and set(sizes) == {20}
     with forbid_solves_larger_than(64) as sizes:
         model.predict(torch.randn(10, 3, dtype=torch.float64))
@@ -269,7 +269,7 @@ def test_the_posterior_for_prediction_sums_its_statistics_over_chunks_of_trainin
     in training mode (the likelihood's graph) all rows stay one product."""
     x, y = toy_data(n=200)
     model = feature_model(m=16)
-    fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    fit(model, x, y, max_iter=3, restarts=0, progress=False, validation_fraction=0)
     with torch.no_grad():
         model.train()
         whole = model.posterior()
@@ -495,7 +495,7 @@ def test_a_step_that_underflows_an_unbounded_noise_to_zero_does_not_end_the_fit(
     model = FeatureGP(None, None, kernel, likelihood)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # (jitter and float32 advice)
-        history = fit(model, x, y, max_iter=200, restarts=0, standardize=False, progress=False)
+        history = fit(model, x, y, max_iter=200, restarts=0, standardize=False, progress=False, validation_fraction=0)
     assert math.isfinite(history.loss[-1]) and 0 < float(model.likelihood.noise) < 1e-5
 
 
@@ -551,7 +551,7 @@ def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
 def test_a_converged_fit_is_at_a_stationary_point():
     x, y = toy_data()
     model = FeatureGP(None, None, alacarte.FastfoodRBFKernel(3, 64, ard_num_dims=3, seed=0)).double()
-    history = fit(model, x, y, max_iter=300, restarts=2, restart_iter=5, progress=False)
+    history = fit(model, x, y, max_iter=300, restarts=2, restart_iter=5, progress=False, validation_fraction=0)
     assert history.converged
     from alacarte.training import marginal_log_likelihood
 
@@ -689,7 +689,7 @@ def test_an_unstandardised_fit_whose_noise_bound_exceeds_the_targets_variance_sa
     model = feature_model()
     with pytest.warns(RuntimeWarning, match=r"lower bound \(1.0e-04 in the targets' units, standardize=False\) "
                                             r"is not below the targets' variance") as caught:
-        fit(model, x, y, standardize=False, max_iter=20, restarts=0, progress=False)
+        fit(model, x, y, standardize=False, max_iter=20, restarts=0, progress=False, validation_fraction=0)
     assert not any("interpolates" in str(w.message) for w in caught)
     mean = model.predict(x).mean
     assert float(mean.std()) < 0.01 * float(y.std())  # indeed about the mean: the targets were taken for noise
@@ -703,7 +703,7 @@ def test_a_fit_that_ends_with_the_noise_at_its_lower_bound_warns_and_counts_repe
     y = torch.sin(3 * x[:, 0]) + x[:, 1]  # and noise-free
     model = make()
     with pytest.warns(RuntimeWarning, match="lower bound .* repeat 7 rows"):
-        history = fit(model, x, y, max_iter=50, restarts=0, progress=False)
+        history = fit(model, x, y, max_iter=50, restarts=0, progress=False, validation_fraction=0)
     # The refit from a larger noise was tried, went no lower, and was dropped.
     assert history.noise_refit_loss >= float(alacarte.training._current_loss(model, *model.train_inputs,
                                                                              model.train_targets))
@@ -712,7 +712,7 @@ def test_a_fit_that_ends_with_the_noise_at_its_lower_bound_warns_and_counts_repe
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model = make()
-        fit(model, x, noisy, max_iter=50, restarts=0, progress=False)
+        fit(model, x, noisy, max_iter=50, restarts=0, progress=False, validation_fraction=0)
     assert model.likelihood.noise.item() > 1e-2  # the first fit's warning was about its noise, not the data
 
 
@@ -726,8 +726,8 @@ def test_a_fit_stalled_at_the_noise_lower_bound_is_refitted_from_a_larger_noise(
     model.likelihood.noise, reference.likelihood.noise = 1.00001e-4, 1e-2
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nor does it warn about the bound: it left it
-        history = fit(model, x, y, max_iter=100, restarts=0, progress=False)
-        fit(reference, x, y, max_iter=100, restarts=0, progress=False)
+        history = fit(model, x, y, max_iter=100, restarts=0, progress=False, validation_fraction=0)
+        fit(reference, x, y, max_iter=100, restarts=0, progress=False, validation_fraction=0)
     x_std, y_std = model.train_inputs[0], model.train_targets  # the reference's too: the same standardisation
     final = alacarte.training._current_loss(model, x_std, y_std)
     assert history.noise_refit_loss == pytest.approx(final)  # the refit was kept
@@ -746,7 +746,7 @@ def test_a_noise_with_an_upper_bound_is_initialised_and_refitted_inside_it(upper
     model = FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0), likelihood).double()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = fit(model, x, y, max_iter=20, restarts=1, restart_iter=3, progress=False)
+        history = fit(model, x, y, max_iter=20, restarts=1, restart_iter=3, progress=False, validation_fraction=0)
     assert 0.99e-4 < model.likelihood.noise.item() <= upper
     # where σ² ends within twice its lower bound the refit runs, from 0.1 × var y moved inside the interval
     # (under 3e-4 = 3 × the lower bound the fit may end above 2e-4, not at the bound)
@@ -838,7 +838,7 @@ def test_restarts_are_reproducible_and_keep_the_best(make):
     runs = []
     for seed in (0, 0, 1):
         model = make()
-        history = fit(model, x, y, restarts=4, restart_iter=5, max_iter=5, seed=seed, progress=False)
+        history = fit(model, x, y, restarts=4, restart_iter=5, max_iter=5, seed=seed, progress=False, validation_fraction=0)
         runs.append((history, {k: v.clone() for k, v in model.state_dict().items()}))
     (h1, s1), (h2, s2), (h3, _) = runs
     assert len(h1.restart_losses) == 4

@@ -22,7 +22,7 @@ def test_duplicated_inputs_with_tiny_noise_train_without_nan_and_warn_once():
     model.likelihood.noise = 1e-14  # cond(A) ≈ 1e17: the plain Cholesky fails in float64
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = ac.fit(model, x, y, max_iter=30, restarts=0, progress=False)
+        history = ac.fit(model, x, y, max_iter=30, restarts=0, progress=False, validation_fraction=0)
     jitter = [w for w in caught if "jitter" in str(w.message)]
     assert len(jitter) == 1, [str(w.message) for w in caught]
     assert issubclass(jitter[0].category, RuntimeWarning)

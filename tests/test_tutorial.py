@@ -17,7 +17,9 @@ def test_the_tutorial_quotes_the_committed_numbers():
     inside = round(numbers["within_2_std"] * numbers["n_test"])
     assert f"{inside} of the {numbers['n_test']} test points\n({numbers['within_2_std']:.0%})" in text
     assert f"The NLPD, {numbers['nlpd']:.2f}," in text
-    relevance = numbers["relevance"]
+    paper = numbers["paper_protocol"]
+    assert f"reaches an RMSE of {paper['rmse']:.3f} but an NLPD of {paper['nlpd']:.2f}" in text
+    relevance = paper["relevance"]
     assert f"The Froude number carries {relevance['Froude']:.0%} of the relevance" in text
     assert f"B/T {relevance['B/T']:.0%} and L/D {relevance['L/D']:.0%}" in text
 
