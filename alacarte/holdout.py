@@ -117,7 +117,7 @@ class HeldOut:
     Multiplying the signal variance σ_f² and the noise variance σ² by one factor s leaves the
     posterior mean as it is and multiplies every predictive variance by s, so that scale has a
     closed-form estimate from the held-out residuals r and predictive variances v,
-    s* = (Σ r²/v + ν) / (|H| + ν): the best scale of the |H| held-out rows, pulled towards the
+    s* = (Σ r²/v + ν) / (h + ν): the best scale of the h held-out rows, pulled towards the
     model's own (s = 1) with the weight of ν = :data:`SCALE_PRIOR_ROWS` rows (the mode of an
     inverse-gamma prior), so that a handful of held-out rows cannot shrink the band at will.
     Scoring at s* judges an iterate by its mean and the *shape* of its variance, which the
