@@ -552,7 +552,7 @@ def fit(
     (standardised) target variance and the other hyperparameters where they
     ended; the lower loss is kept.  Near the bound the constraint's softplus
     flattens the gradient, so the optimiser can stall there although the
-    likelihood is better inside (the demo's exact ARD on SE1: 1.223 per point
+    likelihood is better inside (exact ARD on SE1, n = 2000: 1.223 per point
     at the bound, 1.196 with σ² = 0.139).  A noise that is not trained
     (``requires_grad`` off) is left alone.
 
