@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ._files import read_checked, refuse_unwritable, write_checked
+from ._progress import same
 
 SIGNATURE = b"ALACARTE-FIT-CHECKPOINT\n"
 # 2: the model's fingerprint also hashes its settings (a kernel's strategy, a constraint's transform)
@@ -163,7 +164,7 @@ class FitCheckpoint:
         differences = [
             _FINGERPRINTED.get(name) or f"{name}: {record['key'].get(name)!r} there, {value!r} here"
             for name, value in self.key.items()
-            if record["key"].get(name) != value
+            if not same(record["key"].get(name), value)
         ]
         if differences:
             raise ValueError(
