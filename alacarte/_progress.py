@@ -195,7 +195,8 @@ def check_progress(progress: Any, shape: FitShape) -> dict[str, Any]:
     """``progress`` when every field fits the fit ``shape`` describes; else a ValueError naming it."""
     check_dict(progress, "progress", _PROGRESS)
     stage = progress["stage"]
-    if not (isinstance(stage, (list, tuple)) and len(stage) == 2 and stage[0] in STAGES):
+    if not (isinstance(stage, (list, tuple)) and len(stage) == 2 and isinstance(stage[0], str)
+            and stage[0] in STAGES):
         fail("progress.stage", f"expected [one of {', '.join(STAGES)}, index], got {stage!r:.80}")
     name, index = stage[0], check_int(stage[1], "progress.stage[1]", 0,
                                       max(shape.restarts - 1, 0) if stage[0] == "restart" else 0)

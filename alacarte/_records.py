@@ -100,6 +100,12 @@ def check_dict(value: Any, field: str, required=(), optional=()) -> dict:
     return value
 
 
+def check_choice(value: Any, choices, field: str) -> str:
+    if not (isinstance(value, str) and value in choices):
+        fail(field, f"expected one of {', '.join(choices)}, got {value!r:.80}")
+    return value
+
+
 def check_int(value: Any, field: str, low: int = 0, high: float = math.inf) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         fail(field, f"expected an integer in [{low}, {high}], got {value!r:.80}")
@@ -211,10 +217,8 @@ def check_model_fields(record: Any, field: str) -> int:
     """The plain fields of a model record; returns the elements its tensors hold."""
     check_dict(record, field, ("dtype", "num_dims", "class", "state_dict"),
                ("kernel", "ard", "frozen", "train_inputs", "train_targets", "posterior"))
-    if record["class"] not in MODEL_CLASSES:
-        fail(f"{field}.class", f"{record['class']!r:.80} is not one of {', '.join(MODEL_CLASSES)}")
-    if record["dtype"] not in DTYPES:
-        fail(f"{field}.dtype", f"expected one of {', '.join(DTYPES)}, got {record['dtype']!r:.80}")
+    check_choice(record["class"], MODEL_CLASSES, f"{field}.class")
+    check_choice(record["dtype"], DTYPES, f"{field}.dtype")
     check_state(record["state_dict"], f"{field}.state_dict")
     for name in ("train_inputs", "train_targets"):
         if name in record:
@@ -238,9 +242,33 @@ def check_model_fields(record: Any, field: str) -> int:
     return budget
 
 
+def check_values(tensor: torch.Tensor, field: str, *, finite: bool = False, positive: bool = False) -> None:
+    """No NaN (which no fitted model holds), and where asked no infinity and no value ≤ 0 (a raw
+    parameter may be −∞: σ² set at its bound)."""
+    if not tensor.is_floating_point():
+        return
+    if bool(torch.isnan(tensor).any()) or (finite and not bool(torch.isfinite(tensor).all())):
+        fail(field, f"holds {'NaN' if bool(torch.isnan(tensor).any()) else 'an infinite value'}")
+    if positive and not bool((tensor > 0).all()):
+        fail(field, "holds a value ≤ 0")
+
+
+def check_permutations(state: dict[str, torch.Tensor], field: str) -> None:
+    """Fastfood's ``perm`` buffers index their blocks: each row must be a permutation."""
+    for key, value in state.items():
+        if key.split(".")[-1] == "perm" and value.numel():
+            if not torch.equal(value.sort(-1).values, torch.arange(value.shape[-1]).expand_as(value)):
+                fail(f"{field}[{key!r}]", "a row is not a permutation")
+
+
 def check_built_model(record: dict[str, Any], model: torch.nn.Module, field: str) -> None:
     """Everything of ``record`` that depends on the model its configuration built."""
-    check_matching_state(record["state_dict"], model.state_dict(), f"{field}.state_dict")
+    state = record["state_dict"]
+    check_matching_state(state, model.state_dict(), f"{field}.state_dict")
+    for key, value in state.items():
+        standardisation = key in ("input_offset", "input_scale", "target_offset", "target_scale")
+        check_values(value, f"{field}.state_dict[{key!r}]", finite=standardisation, positive=key.endswith("_scale"))
+    check_permutations(state, f"{field}.state_dict")
     parameters = dict(model.named_parameters())
     for i, name in enumerate(record.get("frozen", [])):
         if name not in parameters:
@@ -251,6 +279,8 @@ def check_built_model(record: dict[str, Any], model: torch.nn.Module, field: str
         if inputs.dim() != 2 or inputs.shape[1] != num_dims or inputs.shape[0] < 1:
             fail(f"{field}.train_inputs", f"expected shape (n ≥ 1, {num_dims}), got {tuple(inputs.shape)}")
         check_tensor(record["train_targets"], f"{field}.train_targets", (inputs.shape[0],), (dtype,))
+        check_values(inputs, f"{field}.train_inputs", finite=True)
+        check_values(record["train_targets"], f"{field}.train_targets", finite=True)
     if "posterior" in record:
         check_posterior(record["posterior"], model.covar_module, f"{field}.posterior")
 
@@ -262,6 +292,9 @@ def check_posterior(posterior: Any, kernel, field: str) -> None:
     cholesky = check_tensor(posterior["cholesky"], f"{field}.cholesky", (*batch, features, features))
     check_tensor(posterior["weights"], f"{field}.weights", (*batch, features), (cholesky.dtype,))
     check_tensor(posterior["noise"], f"{field}.noise", batch, (cholesky.dtype,))
+    for name in ("cholesky", "weights"):
+        check_values(posterior[name], f"{field}.{name}", finite=True)
+    check_values(posterior["noise"], f"{field}.noise", finite=True, positive=True)
 
 
 def check_history(history: Any, field: str) -> dict[str, Any]:
@@ -279,8 +312,7 @@ def check_history(history: Any, field: str) -> dict[str, Any]:
         elif name == "converged":
             check_bool(value, where)
         elif name == "optimizer":
-            if value not in ("lbfgs", "adam"):
-                fail(where, f"expected 'lbfgs' or 'adam', got {value!r:.80}")
+            check_choice(value, ("lbfgs", "adam"), where)
         else:
             check_float(value, where, allow_none=name != "seconds")
     return history

@@ -57,14 +57,17 @@ from ._records import (
     DTYPES,
     KERNEL_CLASSES,
     check_built_model,
+    check_choice,
     check_dict,
     check_kernel_record,
     check_list,
     check_matching_state,
     check_model_fields,
+    check_permutations,
     check_posterior,
     check_regressor_record,
     check_state,
+    check_values,
     constructor_names,
     elements,
     fail,
@@ -277,14 +280,16 @@ def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
 
 def _build_kernel_object(record: Any, field: str = "record.params.kernel") -> FeatureKernel:
     check_dict(record, field, ("object", "dtype", "state_dict"), ("frozen",))
-    if record["dtype"] not in _DTYPES:
-        fail(f"{field}.dtype", f"expected one of {', '.join(_DTYPES)}, got {record['dtype']!r:.80}")
+    check_choice(record["dtype"], _DTYPES, f"{field}.dtype")
     state = check_state(record["state_dict"], f"{field}.state_dict")
     frozen = check_list(record.get("frozen", []), f"{field}.frozen",
                         lambda v, f: isinstance(v, str) or fail(f, f"expected a parameter name, got {v!r:.80}"))
     with default_dtype(_DTYPES[record["dtype"]]):
         kernel = _build_kernel(record["object"], f"{field}.object", elements(state))
     check_matching_state(state, kernel.state_dict(), f"{field}.state_dict")
+    for key, value in state.items():
+        check_values(value, f"{field}.state_dict[{key!r}]")
+    check_permutations(state, f"{field}.state_dict")
     parameters = dict(kernel.named_parameters())
     for i, name in enumerate(frozen):
         if name not in parameters:

@@ -148,3 +148,27 @@ def test_every_kernel_saves_under_a_registered_name(name, tmp_path):
     model = make_model(name, 3, num_samples=16, num_components=2, seed=0)
     record = payload(save_model(model, tmp_path / "m.alacarte").read_bytes(), MAGIC)["record"]
     assert record["kernel"]["class"] in KERNEL_CLASSES
+
+
+def test_values_no_saved_model_holds_are_refused(saved, tmp_path):
+    """Found by tests/test_fuzz.py: a list as the dtype escaped as a TypeError ('unhashable'), an index
+    beyond its block in Fastfood's perm as a RuntimeError in predict."""
+    good, _ = saved
+
+    def state(key, value):
+        return lambda p: p["record"]["state_dict"].__setitem__(key, value)
+
+    perm = payload(good, MAGIC)["record"]["state_dict"]["covar_module.perm"]
+    cases = [
+        (lambda p: p["record"].update(dtype=["float64"]), r"record\.dtype: expected one of"),
+        (lambda p: p["record"].update({"class": {"FeatureGP": 1}}), r"record\.class: expected one of"),
+        (state("covar_module.perm", perm + 2**40), r"\['covar_module\.perm'\]: a row is not a permutation"),
+        (state("covar_module.perm", torch.zeros_like(perm)), r"a row is not a permutation"),
+        (state("covar_module.raw_lengthscale", torch.full((1, 3), float("nan"), dtype=torch.float64)), r"holds NaN"),
+        (state("input_scale", torch.zeros(3, dtype=torch.float64)), r"\['input_scale'\]: holds a value ≤ 0"),
+        (lambda p: p["record"]["posterior"].update(noise=torch.tensor(-1.0, dtype=torch.float64)),
+         r"posterior\.noise: holds a value ≤ 0"),
+    ]
+    for edit, message in cases:
+        with pytest.raises(ValueError, match=message):
+            load_model(crafted(good, edit, tmp_path))
