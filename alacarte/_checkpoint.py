@@ -12,6 +12,8 @@ The file is the model files' checksummed layout (:mod:`alacarte._files`):
 written atomically (temporary file, fsync, ``os.replace``), so a kill mid-write
 leaves the previous checkpoint; a truncated, damaged or foreign file is a
 ``ValueError``, never a resume from wrong state; no pickled code runs on reading.
+A file whose key matches is still checked field by field against the resuming
+fit (:mod:`alacarte._progress`) before any of its progress is restored.
 
 In a data-parallel fit rank 0 alone writes and reads the file and sends what it
 read to the other processes; the key holds every process's data fingerprint.

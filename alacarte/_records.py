@@ -265,11 +265,13 @@ def check_built_model(record: dict[str, Any], model: torch.nn.Module, field: str
     """Everything of ``record`` that depends on the model its configuration built."""
     state = record["state_dict"]
     check_matching_state(state, model.state_dict(), f"{field}.state_dict")
+    parameters = dict(model.named_parameters())
     for key, value in state.items():
         standardisation = key in ("input_offset", "input_scale", "target_offset", "target_scale")
         check_values(value, f"{field}.state_dict[{key!r}]", finite=standardisation, positive=key.endswith("_scale"))
+        if key in parameters and bool((value == math.inf).any()):  # (raw −∞ sits at the bound; +∞ predicts nothing)
+            fail(f"{field}.state_dict[{key!r}]", "holds +inf")
     check_permutations(state, f"{field}.state_dict")
-    parameters = dict(model.named_parameters())
     for i, name in enumerate(record.get("frozen", [])):
         if name not in parameters:
             fail(f"{field}.frozen[{i}]", f"{name!r:.80} is not a parameter of the model")
@@ -334,11 +336,11 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
     check_int(fitted["n_iter_"], "record.fitted.n_iter_")
     check_float(fitted["log_marginal_likelihood_"], "record.fitted.log_marginal_likelihood_")
     check_history(fitted["history"], "record.fitted.history")
+    n_features = check_int(fitted["n_features_in_"], "record.fitted.n_features_in_", 1)
     model = fitted["model"]
     width = model.get("num_dims") if isinstance(model, dict) else None
-    if fitted["n_features_in_"] != width or isinstance(width, bool):
-        fail("record.fitted.n_features_in_", f"expected the model's num_dims ({width!r:.20}), "
-                                             f"got {fitted['n_features_in_']!r:.80}")
+    if not (type(width) is int and width == n_features):  # (width: whatever the file holds)
+        fail("record.fitted.n_features_in_", f"{n_features}, but the model's num_dims is {width!r:.20}")
     if "feature_names_in_" in fitted:
         names = check_list(fitted["feature_names_in_"], "record.fitted.feature_names_in_",
                            lambda v, f: isinstance(v, str) or fail(f, f"expected a str, got {v!r:.80}"))

@@ -50,9 +50,6 @@ import torch
 from gpytorch.constraints import Interval
 
 from ._files import read_checked, refuse_unwritable, write_checked
-from .factory import default_dtype, floating_state
-from .kernels import FeatureKernel
-from .models import ExactRBFGP, FeatureGP
 from ._records import (
     DTYPES,
     KERNEL_CLASSES,
@@ -73,6 +70,9 @@ from ._records import (
     fail,
     kernel_name,
 )
+from .factory import default_dtype, floating_state
+from .kernels import FeatureKernel
+from .models import ExactRBFGP, FeatureGP
 from .regressor import AlaCarteRegressor
 from .training import FitHistory
 from .woodbury import WoodburyPosterior

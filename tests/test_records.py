@@ -172,3 +172,34 @@ def test_values_no_saved_model_holds_are_refused(saved, tmp_path):
     for edit, message in cases:
         with pytest.raises(ValueError, match=message):
             load_model(crafted(good, edit, tmp_path))
+
+
+@pytest.mark.filterwarnings("ignore:A not p.d., added jitter")
+def test_an_exact_gp_that_cannot_factorise_its_covariance_predicts_a_value_error(tmp_path):
+    """Found by tests/test_fuzz.py: raw_outputscale = +inf in a file loaded, and predict escaped with
+    linear_operator's NotPSDError; +inf is refused at load, and a covariance that cannot be factorised
+    (here σ² = −1 under a bound moved below 0) is a ValueError as for a FeatureGP."""
+    x, y = data()
+    model = make_model("exact-ard", 3)
+    ac.fit(model, x, y, max_iter=2, restarts=0, progress=False)
+    good = save_model(model, tmp_path / "e.alacarte").read_bytes()
+    infinite = lambda p: p["record"]["state_dict"]["covar_module.raw_outputscale"].fill_(float("inf"))  # noqa: E731
+    with pytest.raises(ValueError, match=r"\['covar_module\.raw_outputscale'\]: holds \+inf"):
+        load_model(crafted(good, infinite, tmp_path))
+    state = model.state_dict()
+    state["likelihood.noise_covar.raw_noise_constraint.lower_bound"].fill_(-1.0)
+    state["likelihood.noise_covar.raw_noise"].fill_(-float("inf"))
+    model.load_state_dict(state)
+    with pytest.raises(ValueError, match="cannot be factorised"):
+        model.predict(torch.as_tensor(x[:3]))
+
+
+def test_a_tensor_where_a_count_belongs_is_a_value_error(tmp_path):
+    """Found by tests/test_fuzz.py: n_features_in_ = tensor([1, 2]) escaped as 'Boolean value of Tensor
+    with more than one value is ambiguous'."""
+    x, y = data()
+    reg = AlaCarteRegressor("fsard", num_samples=16, max_iter=2, restarts=0).fit(x, y)
+    good = save_model(reg, tmp_path / "r.alacarte").read_bytes()
+    for value in (torch.tensor([1, 2]), 3.0, True):
+        with pytest.raises(ValueError, match=r"record\.fitted\.n_features_in_"):
+            load_model(crafted(good, lambda p: p["record"]["fitted"].update(n_features_in_=value), tmp_path))
