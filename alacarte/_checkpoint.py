@@ -12,6 +12,8 @@ The file is the model files' checksummed layout (:mod:`alacarte._files`):
 written atomically (temporary file, fsync, ``os.replace``), so a kill mid-write
 leaves the previous checkpoint; a truncated, damaged or foreign file is a
 ``ValueError``, never a resume from wrong state; no pickled code runs on reading.
+A file whose key matches is still checked field by field against the resuming
+fit (:mod:`alacarte._progress`) before any of its progress is restored.
 
 In a data-parallel fit rank 0 alone writes and reads the file and sends what it
 read to the other processes; the key holds every process's data fingerprint.
@@ -28,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ._files import read_checked, refuse_unwritable, write_checked
+from ._progress import same
 
 SIGNATURE = b"ALACARTE-FIT-CHECKPOINT\n"
 # 2: the model's fingerprint also hashes its settings (a kernel's strategy, a constraint's transform)
@@ -163,7 +166,7 @@ class FitCheckpoint:
         differences = [
             _FINGERPRINTED.get(name) or f"{name}: {record['key'].get(name)!r} there, {value!r} here"
             for name, value in self.key.items()
-            if record["key"].get(name) != value
+            if not same(record["key"].get(name), value)
         ]
         if differences:
             raise ValueError(

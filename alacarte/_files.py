@@ -16,12 +16,22 @@ import hashlib
 import io
 import json
 import os
+import re
 import struct
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # (Windows: orphaned temporary files are not cleaned up)
+    fcntl = None
+
+# A temporary file this young may be a writer's that has not locked it yet: left alone.
+_ORPHAN_AGE = 5.0
 
 
 def _file_mode(path: Path) -> int:
@@ -45,7 +55,42 @@ def refuse_unwritable(path: Path, label: str = "") -> None:
     except OSError as err:
         raise ValueError(f"cannot write {label}{path}: {err.strerror or err} (in {target.parent})") from None
     os.close(fd)
-    os.unlink(probe)
+    with contextlib.suppress(FileNotFoundError):  # (removed as an orphan by another writer)
+        os.unlink(probe)
+
+
+def _temporary_names(path: Path) -> re.Pattern:
+    """The names :func:`tempfile.mkstemp` gives this module's temporary files for ``path``."""
+    return re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.tmp")
+
+
+def remove_orphans(path: Path) -> None:
+    """Delete the temporary files of earlier writes of ``path`` whose writer died (kill -9 mid-write).
+
+    A live writer holds a lock on its temporary file from its creation; a dead one's lock is
+    gone with its process. Only names of this module's own pattern for ``path`` are touched."""
+    if fcntl is None:
+        return
+    pattern = _temporary_names(path)
+    try:
+        names = [name for name in os.listdir(path.parent) if pattern.fullmatch(name)]
+    except OSError:
+        return
+    for name in names:
+        candidate = path.parent / name
+        try:
+            fd = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < _ORPHAN_AGE:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(candidate)
+        except OSError:  # locked: a writer at work
+            pass
+        finally:
+            os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -54,8 +99,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     # target (what other links and readers use) holding the old file.
     path = Path(os.path.realpath(path))
     directory = path.parent
+    remove_orphans(path)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if fcntl is not None:  # held until the file is closed: the mark of a live writer
+            fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

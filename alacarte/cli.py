@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ._files import refuse_unwritable
 from ._validation import check_nonnegative_int, check_positive_int, check_seed
 from .factory import KERNEL_NAMES
 from .holdout import check_fraction
@@ -160,6 +161,17 @@ def _refuse_overwriting_inputs(out: str | Path, *inputs: str) -> None:
             raise ValueError(f"the output {out} is the input file {given}: writing it would replace it")
 
 
+def _output_path(path: str | Path) -> Path:
+    """``path`` as a Path the command can write, checked before the work whose result it holds."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"the output {path} is a directory; give a file path")
+    if not path.parent.is_dir():
+        raise ValueError(f"cannot write {path}: the directory {path.parent} does not exist")
+    refuse_unwritable(path)
+    return path
+
+
 def _emit(args: argparse.Namespace, result: dict, text: str) -> None:
     print(json.dumps(result) if args.json else text)
 
@@ -230,10 +242,10 @@ def _load_regressor(path: str):
 
 
 def _predict(args: argparse.Namespace) -> int:
-    if args.out:
-        _refuse_overwriting_inputs(args.out, args.model, args.data)
     reg, metadata = _load_regressor(args.model)
     _, x = read_table(args.data, metadata["columns"])
+    if args.out:  # before the predictions are computed
+        _refuse_overwriting_inputs(_output_path(args.out), args.model, args.data)
     means, stds = [], []
     for start in tqdm(range(0, len(x), _PREDICT_BLOCK), disable=args.quiet, desc="predict", leave=False):
         mean, std = reg.predict(x[start:start + _PREDICT_BLOCK], return_std=True, include_noise=not args.latent)
@@ -259,7 +271,7 @@ def _plot(args: argparse.Namespace) -> int:
     if not isinstance(kernel, FeatureKernel):
         raise ValueError(f"{args.model} is an exact GP ({reg.kernel}): it has no learned spectrum to draw "
                          "(`alacarte fit --json` reports its input relevances)")
-    out = Path(args.out) if args.out else Path(args.model).with_suffix(".png")
+    out = _output_path(args.out if args.out else Path(args.model).with_suffix(".png"))  # before drawing
     _refuse_overwriting_inputs(out, args.model)
     title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata.get('target', 'y')}"
     # The kernel sees standardised inputs: frequencies are drawn per unit of the CSV's columns.

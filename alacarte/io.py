@@ -13,7 +13,12 @@ and the body's length and SHA-256; the body is a ``torch.save`` archive of
 tensors, numbers and strings only, read back with ``weights_only=True`` (no
 pickled code runs on load).  A file from another format version, a truncated
 or damaged file, or a file that is not an alacarte model gives a
-``ValueError`` that says which.
+``ValueError`` that says which.  The kernel's class is looked up in a closed
+registry of alacarte's own kernels (no name from a file is imported), and every
+field of the record — types, shapes against the model its configuration builds,
+sizes against the tensors the file holds — is checked before anything is built:
+a crafted record is a ``ValueError`` naming the field, not an allocation of
+what it claims nor a failure in ``predict``.
 
 Files hold CPU tensors; a loaded model is on the CPU (move it with ``.to(device)``).
 
@@ -35,8 +40,6 @@ Example:
 """
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import os
 from pathlib import Path
@@ -47,6 +50,26 @@ import torch
 from gpytorch.constraints import Interval
 
 from ._files import read_checked, refuse_unwritable, write_checked
+from ._records import (
+    DTYPES,
+    KERNEL_CLASSES,
+    check_built_model,
+    check_choice,
+    check_dict,
+    check_kernel_record,
+    check_list,
+    check_matching_state,
+    check_model_fields,
+    check_permutations,
+    check_posterior,
+    check_regressor_record,
+    check_state,
+    check_values,
+    constructor_names,
+    elements,
+    fail,
+    kernel_name,
+)
 from .factory import default_dtype, floating_state
 from .kernels import FeatureKernel
 from .models import ExactRBFGP, FeatureGP
@@ -59,30 +82,17 @@ __all__ = ["FORMAT_VERSION", "save_model", "load_model", "load_with_metadata"]
 MAGIC = b"ALACARTE-MODEL\n"
 #: Version of the file layout; a reader refuses files of any other version.
 FORMAT_VERSION = 1
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_DTYPES = DTYPES
 _PLAIN = (bool, int, float, str)
 
 Model = FeatureGP | ExactRBFGP
 
 
 # -- kernels ---------------------------------------------------------------------------
-def _constructor_names(cls: type) -> list[str]:
-    """Keyword names accepted along the FeatureKernel part of ``cls``'s MRO."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if not (isinstance(klass, type) and issubclass(klass, FeatureKernel)) or "__init__" not in vars(klass):
-            continue
-        for name, param in inspect.signature(klass.__init__).parameters.items():
-            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and name != "self":
-                if not name.endswith(("_prior", "_constraint")) and name not in names:
-                    names.append(name)
-    return names
-
-
 def _kernel_config(kernel: FeatureKernel) -> dict[str, Any]:
     """Constructor arguments that rebuild ``kernel``'s structure (its values come from the state dict)."""
     config: dict[str, Any] = {}
-    for name in _constructor_names(type(kernel)):
+    for name in constructor_names(type(kernel)):
         value = getattr(kernel, name, None)
         if isinstance(value, _PLAIN):
             config[name] = value
@@ -95,28 +105,13 @@ def _kernel_config(kernel: FeatureKernel) -> dict[str, Any]:
     return config
 
 
-def _kernel_class(name: str) -> type:
-    module_name, _, qualname = name.partition(":")
-    if not (module_name == "alacarte" or module_name.startswith("alacarte.")):
-        raise ValueError(f"the model file names kernel class {name!r}, which is not an alacarte kernel")
-    try:
-        cls = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"the model file names kernel class {name!r}, which this alacarte does not have") from err
-    if not (isinstance(cls, type) and issubclass(cls, FeatureKernel)):
-        raise ValueError(f"the model file names {name!r}, which is not a FeatureKernel")
-    return cls
-
-
 def _kernel_record(kernel: FeatureKernel) -> dict[str, Any]:
-    cls = type(kernel)
-    return {"class": f"{cls.__module__}:{cls.__qualname__}", "config": _kernel_config(kernel)}
+    return {"class": kernel_name(type(kernel)), "config": _kernel_config(kernel)}
 
 
-def _build_kernel(record: dict[str, Any]) -> FeatureKernel:
-    config = dict(record["config"])
+def _build_kernel(record: Any, field: str, budget: int) -> FeatureKernel:
+    """The kernel ``record`` describes (checked first; ``budget``: elements the file's tensors hold)."""
+    config = dict(check_kernel_record(record, field, budget))
     if "batch_shape" in config:
         config["batch_shape"] = torch.Size(config["batch_shape"])
     if "active_dims" in config:
@@ -127,7 +122,12 @@ def _build_kernel(record: dict[str, Any]) -> FeatureKernel:
     # with ard_num_dims=None, so files written then rebuild with None.
     if config.get("ard_num_dims") == 1 and num_dims > 1:
         del config["ard_num_dims"]
-    return _kernel_class(record["class"])(num_dims, num_samples, **config)
+    try:
+        return KERNEL_CLASSES[record["class"]](num_dims, num_samples, **config)
+    except ValueError as err:
+        raise ValueError(f"{field}.config: {err}") from None
+    except (TypeError, RuntimeError) as err:  # e.g. sizes no kernel accepts together
+        raise ValueError(f"{field}.config: {type(err).__name__}: {err}") from None
 
 
 def _classes(module: torch.nn.Module) -> dict[str, str]:
@@ -218,15 +218,18 @@ def _model_record(model: Model) -> dict[str, Any]:
     return record
 
 
-def _build_model(record: dict[str, Any]) -> Model:
+def _build_model(record: Any, field: str = "record") -> Model:
+    """The model ``record`` describes, every field checked before it is used."""
+    budget = check_model_fields(record, field)
     dtype = _DTYPES[record["dtype"]]
     with default_dtype(dtype):
         if record["class"] == "FeatureGP":
-            model = FeatureGP(None, None, _build_kernel(record["kernel"]))
-        elif record["class"] == "ExactRBFGP":
-            model = ExactRBFGP(None, None, num_dims=record["num_dims"], ard=record["ard"])
+            model = FeatureGP(None, None, _build_kernel(record["kernel"], f"{field}.kernel", budget))
+            if model.num_dims != record["num_dims"]:
+                fail(f"{field}.num_dims", f"{record['num_dims']}, but the kernel's is {model.num_dims}")
         else:
-            raise ValueError(f"the model file holds an unknown model class {record['class']!r}")
+            model = ExactRBFGP(None, None, num_dims=record["num_dims"], ard=record["ard"])
+    check_built_model(record, model, field)
     _load_state(model, record)
     if "train_inputs" in record:
         model.set_train_data(record["train_inputs"], record["train_targets"], strict=False)
@@ -248,7 +251,12 @@ def _check_rebuilds(model: Model, record: dict[str, Any]) -> None:
     """Refuse to write a file that would not load back into the same model."""
     _refuse_priors(model, "this model")
     try:
-        rebuilt = _build_model({k: v for k, v in record.items() if k != "posterior"})
+        # In the model's one dtype: a part in another is refused below, by name and value.
+        dtype = _DTYPES[record["dtype"]]
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in record["state_dict"].items()}
+        rebuilt = _build_model({k: v for k, v in record.items() if k != "posterior"} | {"state_dict": state})
+        if "posterior" in record:  # (a file that its own reader would refuse is not written)
+            check_posterior(record["posterior"], rebuilt.covar_module, "posterior")
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise ValueError(
             f"this model cannot be saved faithfully ({type(err).__name__}: {err}); saved models support "
@@ -270,9 +278,22 @@ def _kernel_object_record(kernel: FeatureKernel) -> dict[str, Any]:
     return record
 
 
-def _build_kernel_object(record: dict[str, Any]) -> FeatureKernel:
+def _build_kernel_object(record: Any, field: str = "record.params.kernel") -> FeatureKernel:
+    check_dict(record, field, ("object", "dtype", "state_dict"), ("frozen",))
+    check_choice(record["dtype"], _DTYPES, f"{field}.dtype")
+    state = check_state(record["state_dict"], f"{field}.state_dict")
+    frozen = check_list(record.get("frozen", []), f"{field}.frozen",
+                        lambda v, f: isinstance(v, str) or fail(f, f"expected a parameter name, got {v!r:.80}"))
     with default_dtype(_DTYPES[record["dtype"]]):
-        kernel = _build_kernel(record["object"])
+        kernel = _build_kernel(record["object"], f"{field}.object", elements(state))
+    check_matching_state(state, kernel.state_dict(), f"{field}.state_dict")
+    for key, value in state.items():
+        check_values(value, f"{field}.state_dict[{key!r}]")
+    check_permutations(state, f"{field}.state_dict")
+    parameters = dict(kernel.named_parameters())
+    for i, name in enumerate(frozen):
+        if name not in parameters:
+            fail(f"{field}.frozen[{i}]", f"{name!r:.80} is not a parameter of the kernel")
     _load_state(kernel, record)
     return kernel
 
@@ -305,14 +326,15 @@ def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
     return record
 
 
-def _build_regressor(record: dict[str, Any]) -> AlaCarteRegressor:
+def _build_regressor(record: Any) -> AlaCarteRegressor:
+    check_regressor_record(record, AlaCarteRegressor._get_param_names())
     params = dict(record["params"])
     if isinstance(params["kernel"], dict):
         params["kernel"] = _build_kernel_object(params["kernel"])
     reg = AlaCarteRegressor(**params)
     fitted = record.get("fitted")
     if fitted is not None:
-        reg.model_ = _build_model(fitted["model"])
+        reg.model_ = _build_model(fitted["model"], "record.fitted.model")
         reg.history_ = FitHistory(**fitted["history"])
         reg.n_features_in_ = fitted["n_features_in_"]
         reg.n_iter_ = fitted["n_iter_"]
@@ -389,6 +411,13 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
     return header, payload
 
 
+def _json(value: Any) -> str | None:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):  # a checksummed copy holding what no header can
+        return None
+
+
 def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP | AlaCarteRegressor, dict[str, Any]]:
     """:func:`load_model` plus the ``metadata`` given to :func:`save_model`.
 
@@ -405,15 +434,14 @@ def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP 
     # The header, readable without torch, is not under the checksum: a damaged byte in it could rename
     # a column the command line then reads. The body holds a checksummed copy (files written before
     # it did have only the header's). Compared as JSON text, where NaN equals NaN.
-    if "metadata" in payload and json.dumps(payload["metadata"]) != json.dumps(metadata):
+    if "metadata" in payload and _json(payload["metadata"]) != _json(metadata):
         raise ValueError(f"{path} is damaged: the metadata in its header differ from their checksummed copy")
     build = _build_regressor if payload.get("kind") == "AlaCarteRegressor" else _build_model
     try:
         obj = build(payload["record"])
-    except (KeyError, TypeError, AttributeError, RuntimeError) as err:
+    except ValueError as err:
         # A checksummed file this version cannot rebuild: written by another alacarte, or by hand.
-        raise ValueError(f"{path} holds a model this alacarte ({__version__}) cannot rebuild "
-                         f"({type(err).__name__}: {err})") from err
+        raise ValueError(f"{path} holds a model this alacarte ({__version__}) cannot rebuild: {err}") from None
     return obj, metadata
 
 

@@ -25,6 +25,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
 from gpytorch.models import ExactGP
 from linear_operator.operators import LowRankRootLinearOperator
+from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
 from ._validation import (
@@ -39,7 +40,7 @@ from ._validation import (
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
 from .streaming import as_chunked_data, streamed_statistics
-from .woodbury import WoodburyPosterior, sufficient_statistics
+from .woodbury import NotPositiveDefiniteError, WoodburyPosterior, sufficient_statistics
 
 __all__ = ["Prediction", "FeatureGP", "ExactRBFGP", "FunctionSamples"]
 
@@ -670,6 +671,11 @@ class ExactRBFGP(_StandardizedGP):
         return max(1, (math.isqrt(n * n + 4 * numbers) - n) // 2)
 
     def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
-        with gpytorch.settings.debug(False):  # else GPyTorch warns when x equals the training inputs
-            dist = self(x)
-        return dist.mean, None if mean_only else dist.variance
+        try:
+            with gpytorch.settings.debug(False):  # else GPyTorch warns when x equals the training inputs
+                dist = self(x)
+            return dist.mean, None if mean_only else dist.variance
+        except (NotPSDError, NanError) as err:  # as a FeatureGP's A that cannot be factorised: a ValueError
+            raise NotPositiveDefiniteError(
+                f"K + σ²I of the training inputs cannot be factorised at this model's hyperparameters ({err})"
+            ) from None

@@ -17,6 +17,7 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from tqdm.auto import tqdm
 
 from ._checkpoint import FitCheckpoint, checkpoint_path, data_fingerprint, model_fingerprint
+from ._progress import STAGES, FitShape, check_progress
 from ._validation import (
     check_bool,
     check_learnable_targets,
@@ -298,7 +299,7 @@ def _current_loss(model, x, y) -> float:
 # Seconds between checkpoint writes: a killed fit loses at most this much work (and the
 # first iteration of every stage is saved whatever the time).
 _CHECKPOINT_INTERVAL = 10.0
-_STAGES = ("restart", "final", "refit", "done")
+_STAGES = STAGES
 
 
 class _Training:
@@ -326,9 +327,23 @@ class _Training:
         self.started, self.earlier_seconds, self.last_save = time.perf_counter(), 0.0, -math.inf
         self.resume = checkpoint.load() if checkpoint is not None else None
         if self.resume is not None:
+            try:
+                check_progress(self.resume, self._shape())
+            except ValueError as err:
+                raise ValueError(f"checkpoint {checkpoint.path} cannot be resumed ({err}); pass another path, "
+                                 "or delete it to fit from the start") from None
             self._restore(self.resume)
 
     # -- checkpoints ----------------------------------------------------------------------------
+    def _shape(self) -> FitShape:
+        """What this fit's checkpoint can hold (the optimiser as :class:`_Optimization` builds it)."""
+        simplex = SimplexStep(self.model)
+        params = [p for p in self.model.parameters() if p.requires_grad and not simplex.owns(p)]
+        groups = _make_optimizer(params, self.optimizer, self.lr).state_dict()["param_groups"] if params else None
+        return FitShape(state=self.model.state_dict(), parameters=params, param_groups=groups,
+                        optimizer=self.optimizer, simplex=list(simplex.parameters), restarts=self.restarts,
+                        restart_iter=self.restart_iter or 0, max_iter=self.max_iter, held_out=self.held_out is not None)
+
     def seconds(self) -> float:
         return self.earlier_seconds + time.perf_counter() - self.started
 

@@ -338,3 +338,66 @@ def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_fit(tmp_path)
     with pytest.raises(ValueError, match="cannot write checkpoint .*fit.ckpt: No such file or directory"):
         fit(model, x, y, checkpoint=tmp_path / "fit.ckpt", progress=False)
     assert model.covar_module.raw_lengthscale.grad is None  # no likelihood was evaluated
+
+
+def _mid_run_checkpoint(tmp_path, monkeypatch, **settings):
+    """The bytes of a checkpoint saved during the final optimisation, and the fit's arguments."""
+    from alacarte._checkpoint import FitCheckpoint
+
+    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)
+    saved, save = [], FitCheckpoint.save
+
+    def keep(self, progress):
+        save(self, progress)
+        if progress["stage"][0] == "final" and progress["run"]["iteration"] == 2:
+            saved.append(self.path.read_bytes())
+
+    monkeypatch.setattr(FitCheckpoint, "save", keep)
+    x, y = _data(n=60)
+    path = tmp_path / "fit.ckpt"
+    fit(make_model("fsard", 4, num_samples=16, seed=0), x, y, checkpoint=path, progress=False, **settings)
+    monkeypatch.undo()
+    return saved[0], path, x, y
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
+def test_a_crafted_progress_is_refused_by_field_before_the_fit_resumes(optimizer, tmp_path, monkeypatch):
+    """A checkpoint's key can be copied from a real one: its progress is checked against the fit too."""
+    from alacarte._checkpoint import SIGNATURE
+    from model_files import payload, with_payload
+
+    settings = dict(optimizer=optimizer, max_iter=4, restarts=1, restart_iter=2)
+    good, path, x, y = _mid_run_checkpoint(tmp_path, monkeypatch, **settings)
+    first = 0 if optimizer == "lbfgs" else 4
+
+    def edit_run(name, value):
+        return lambda p: p["progress"]["run"].__setitem__(name, value)
+
+    cases = [
+        (lambda p: p["progress"].update(stage=["restart", 5]), r"progress\.stage\[1\]"),
+        (lambda p: p["progress"].update(stage=["final", 0], run=None), r"progress\.run: expected a dict"),
+        (edit_run("iteration", 10**9), r"progress\.run\.iteration"),
+        (lambda p: p["progress"]["run"]["model"].pop("input_offset"), r"progress\.run\.model: does not fit"),
+        (lambda p: p["progress"]["run"]["optimizer"]["param_groups"][0].update(lr=1e9),
+         r"progress\.run\.optimizer\.param_groups"),
+        (lambda p: p["progress"]["run"]["optimizer"]["state"].update({first: {"exp_avg": torch.zeros(9)}}),
+         r"progress\.run\.optimizer\.state"),
+        (edit_run("best", (3, {})), r"progress\.run\.best"),
+        (lambda p: p["progress"]["history"].update(restart_losses=[]), r"progress\.history\.restart_losses"),
+        (lambda p: p["progress"].update(rng={"bit_generator": "MT19937"}), r"progress\.rng"),
+        (lambda p: p["progress"].update(seconds=torch.ones(2)), r"progress\.seconds"),
+        (lambda p: p["key"].update(lr=torch.ones(2)), r"is of another fit .*lr"),
+    ]
+    for edit, message in cases:
+        obj = payload(good, SIGNATURE)
+        edit(obj)
+        path.write_bytes(with_payload(good, SIGNATURE, obj))
+        with pytest.raises(ValueError, match=f"checkpoint .*{message}"):
+            fit(make_model("fsard", 4, num_samples=16, seed=0), x, y, checkpoint=path, progress=False, **settings)
+    path.write_bytes(with_payload(good, SIGNATURE, payload(good, SIGNATURE)))  # the file itself resumes
+    resumed = make_model("fsard", 4, num_samples=16, seed=0)
+    fit(resumed, x, y, checkpoint=path, progress=False, **settings)
+    uninterrupted = make_model("fsard", 4, num_samples=16, seed=0)
+    fit(uninterrupted, x, y, progress=False, **settings)
+    for name, value in uninterrupted.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name

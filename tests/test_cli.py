@@ -362,3 +362,34 @@ def test_an_output_that_names_an_input_file_is_refused(fitted, tmp_path, capsys)
         assert "is the input file" in capsys.readouterr().err and open(out, "rb").read() == kept
     assert main(["plot", model, "--out", model, "-q"]) == 2
     assert "is the input file" in capsys.readouterr().err and open(model, "rb").read() == saved
+
+
+@pytest.mark.parametrize("out", ["missing/p.csv", ".", "read-only/p.csv"])
+def test_predict_and_plot_refuse_an_unwritable_out_before_the_work(fitted, out, tmp_path, capsys, monkeypatch):
+    """'predict --out missing_dir/p.csv' computed every prediction, then failed to write them."""
+    import tempfile
+
+    from alacarte.regressor import AlaCarteRegressor
+
+    _, model, new, _, _ = fitted
+
+    def no_predict(*args, **kwargs):
+        raise AssertionError("predicted before checking --out")
+
+    monkeypatch.setattr(AlaCarteRegressor, "predict", no_predict)
+    monkeypatch.setattr("alacarte.plotting.save_kernel_figure", no_predict)
+    if out.startswith("read-only"):
+        (tmp_path / "read-only").mkdir()
+        real_mkstemp = tempfile.mkstemp
+
+        def refuse(*args, dir=None, **kwargs):  # (simulated: the tests may run as root)
+            if str(dir).endswith("read-only"):
+                raise PermissionError(13, "Permission denied")
+            return real_mkstemp(*args, dir=dir, **kwargs)
+
+        monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    for command in (["predict", model, new], ["plot", model]):
+        assert main([*command, "--out", str(tmp_path / out), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("alacarte: error: ") and err.count("\n") == 1
+        assert "does not exist" in err or "is a directory" in err or "Permission denied" in err

@@ -454,3 +454,44 @@ def test_a_loop_of_symbolic_links_is_a_value_error_before_the_work(tmp_path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with pytest.raises(ValueError, match="cannot write .*a: its symbolic links form a loop"):
         save_model(fitted_model(), tmp_path / "a")
+
+
+def test_the_temporary_file_of_a_killed_save_is_removed_by_the_next_save(tmp_path):
+    """kill -9 between writing the temporary file and renaming it left '.m.alacarte.<random>.tmp' for good."""
+    from alacarte._files import atomic_write
+
+    path = tmp_path / "m.alacarte"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {ROOT!r})
+        from pathlib import Path
+        from alacarte._files import atomic_write
+        def stall(fd):
+            print("writing", flush=True)
+            time.sleep(120)
+        os.fsync = stall
+        atomic_write(Path({str(path)!r}), b"half a model")
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (orphan,) = [p for p in tmp_path.iterdir() if p.name.startswith(".m.alacarte.")]
+    old = os.stat(orphan).st_mtime - 60
+    os.utime(orphan, (old, old))  # (a temporary file seconds old may be a live writer's not yet locked)
+    others = [tmp_path / ".n.alacarte.abcdefgh.tmp", tmp_path / ".m.alacarte.notours.tmp",
+              tmp_path / "m.alacarte.abcdefgh.tmp", tmp_path / ".m.alacarte.live1234.tmp"]
+    for other in others:
+        other.write_bytes(b"not ours to remove")
+        os.utime(other, (old, old))
+    import fcntl
+
+    with open(others[-1], "rb") as live:  # a writer at work holds its lock
+        fcntl.flock(live.fileno(), fcntl.LOCK_EX)
+        atomic_write(path, b"a whole model")
+    assert path.read_bytes() == b"a whole model" and not orphan.exists()
+    assert all(other.exists() for other in others)
+    atomic_write(path, b"again")  # the file of a finished writer, whose lock is gone, is an orphan too
+    assert not others[-1].exists() and all(other.exists() for other in others[:-1])

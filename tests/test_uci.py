@@ -124,3 +124,37 @@ def test_an_empty_data_variable_means_unset(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert np.array_equal(load_uci("yacht", 1).x_test, load_uci("yacht", 1, SHARED).x_test)
     assert np.array_equal(load_uci("yacht", 1, "").x_test, load_uci("yacht", 1, SHARED).x_test)
+
+
+@pytest.mark.parametrize("data, masks, message", [
+    (b"\x1f\x8b" + b"\x00" * 10, None, "not a gzip-compressed numeric CSV table"),  # a truncated gzip stream
+    ("1,2\n3,nan\n", "0\n1\n", "not a finite number"),
+    ("1,2\n3,4\n", "0,1\n1,0\n", "do not form a table"),
+    ("1,2\n3,4\n", "0," * 9 + "2\n" + "1," * 9 + "0\n", "do not form a table"),
+    ("1,x\n", "0\n", "not a gzip-compressed numeric CSV table"),
+])
+def test_files_whose_checksum_matches_but_that_are_no_dataset_are_value_errors(data, masks, message, tmp_path,
+                                                                               monkeypatch):
+    """The registry vouches for the bytes, not what they hold: a truncated gzip stream under a matching
+    checksum escaped as an EOFError, a mask of the wrong shape as an IndexError in load_uci."""
+    import gzip
+    import hashlib
+
+    from alacarte.datasets import uci
+
+    folder = tmp_path / "yacht"
+    folder.mkdir()
+    mask_text = masks if masks is not None else "0,1,0,0,0,0,0,0,0,0\n"
+    contents = {"data.csv.gz": data if isinstance(data, bytes) else gzip.compress(data.encode()),
+                "test_mask.csv.gz": gzip.compress(mask_text.encode())}
+    for name, content in contents.items():
+        (folder / name).write_bytes(content)
+    entry = {name: hashlib.sha256(content).hexdigest() for name, content in contents.items()}
+    registry = uci._registry()
+    monkeypatch.setattr(uci, "_registry", lambda: {**registry, "yacht": {**registry["yacht"], **entry}})
+    uci._load_arrays.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=message):
+            load_uci("yacht", 0, tmp_path)
+    finally:
+        uci._load_arrays.cache_clear()

@@ -25,6 +25,8 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
+import warnings
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,8 +168,18 @@ def _checked_bytes(path: Path, sha256: str) -> bytes:
 
 
 def _read_checked(path: Path, sha256: str) -> np.ndarray:
-    with gzip.open(io.BytesIO(_checked_bytes(path, sha256))) as fh:
-        return np.loadtxt(fh, delimiter=",", ndmin=2)
+    """The finite numbers of a checksummed file; a ValueError for one that is not a table of them
+    (its checksum vouches for the bytes the registry names, not for what they hold)."""
+    raw = _checked_bytes(path, sha256)
+    try:
+        with gzip.open(io.BytesIO(raw)) as fh, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": refused below
+            table = np.loadtxt(fh, delimiter=",", ndmin=2, comments=None)
+    except (OSError, EOFError, zlib.error, ValueError) as err:  # (gzip.BadGzipFile is an OSError)
+        raise ValueError(f"UCI file {str(path)!r} is not a gzip-compressed numeric CSV table ({err})") from None
+    if table.size == 0 or not np.isfinite(table).all():
+        raise ValueError(f"UCI file {str(path)!r} holds no rows or a value that is not a finite number")
+    return table
 
 
 def _fetch(folder: str, base: Path, download: bool) -> None:
@@ -197,7 +209,11 @@ def _load_arrays(folder: str, directory: str, download: bool) -> tuple[np.ndarra
     base = Path(directory) / folder
     _fetch(folder, base, download)
     data = _read_checked(base / "data.csv.gz", entry["data.csv.gz"])
-    masks = _read_checked(base / "test_mask.csv.gz", entry["test_mask.csv.gz"]).astype(bool)
+    masks = _read_checked(base / "test_mask.csv.gz", entry["test_mask.csv.gz"])
+    if data.shape[1] < 2 or masks.shape != (data.shape[0], UCI_NUM_SPLITS) or not np.isin(masks, (0, 1)).all():
+        raise ValueError(f"UCI dataset {folder!r}: {data.shape} data and {masks.shape} test masks of 0/1 do not "
+                         f"form a table of inputs and a target with {UCI_NUM_SPLITS} splits")
+    masks = masks.astype(bool)
     data.flags.writeable = False
     masks.flags.writeable = False
     return data, masks
