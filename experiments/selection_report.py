@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         "gp-simplex-fsard --out experiments/results/selection_gp_se3.csv` (these n = 1,000 gp-simplex-fsard rows: c "
         "fixed at d/σ_med, no select_inputs — the method before issue 49), `--problems se2 se1 se3 --n 5000 --methods "
         "gp-simplex-fsard --out experiments/results/selection_gp_5k.csv` at commit 7eacc0a (c learned, then "
-        "alacarte.selection.select_inputs; issue 49; stopped during SE3's first replication: time), `--problems se1 se2 --n 1000 5000 10000 50000 "
+        "alacarte.selection.select_inputs; issue 49; SE3: one replication, time), `--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
         "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "
         "`python experiments/selection_rffnet.py --part se --replications 5` (RFFNet; protocol in "
