@@ -6,7 +6,11 @@ hyperparameters are chosen on the validation set, RMSE is measured on the test s
 
 Methods:
   srff              alacarte.SRFFRegressor (D = 300, λ on the validation set)
-  gp-simplex-fsard  FeatureGP + FSARDKernel(simplex=True), c fixed at the SRFF value d/σ_med
+  gp-simplex-fsard  FeatureGP + FSARDKernel(simplex=True), c learned with the rest, then
+                    alacarte.selection.select_inputs (inputs the marginal likelihood does not
+                    need held at exactly 0). A c fixed at the SRFF value d/σ_med is larger than
+                    the likelihood wants (SE2, n = 5,000: 8.6 against ≈ 0.7 learned) and the
+                    surplus went onto irrelevant inputs (57 of 95 non-zero, RMSE 1.548)
   gp-fsard          FeatureGP + plain FSARDKernel (ARD)
   ridge, lasso      scikit-learn, α from a 50-value grid by validation error
   mean              the training mean
@@ -33,12 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 import alacarte as ac  # noqa: E402
 from alacarte.datasets import make_se1, make_se2, make_se3  # noqa: E402
-from alacarte.selection.srff import _median_neighbour_distance  # noqa: E402
+from alacarte.selection.evidence import select_inputs  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 COLUMNS = ["problem", "n", "method", "replication", "rmse", "selected", "relevance", "train_seconds", "seed", "version"]
 PROBLEMS = {"se1": (make_se1, 1000), "se2": (make_se2, 1000), "se3": (make_se3, 10000)}
-SE3_SIZES = (1000, 50000)  # the paper reports SE3 at 1k and 50k only
+SE3_SIZES = (1000, 5000, 10000, 50000)  # the paper reports SE3 at 1k and 50k only; issue 49 asks for all four
 METHODS = ["mean", "ridge", "lasso", "srff", "gp-simplex-fsard", "gp-fsard"]
 
 
@@ -105,15 +109,15 @@ def run_method(method: str, train, val, test, seed: int):
         settings = gp_settings(len(x), d)
         options = {}
         if method == "gp-simplex-fsard":
-            xs = torch.tensor((x - x.mean(0)) / x.std(0))
-            c = d / _median_neighbour_distance(xs, 20, np.random.default_rng(seed))
-            options = dict(simplex=True, simplex_size=c, learn_simplex_size=False)
+            options = dict(simplex=True)
         kernel = ac.FSARDKernel(d, settings["num_samples"], ard_num_dims=d, seed=seed, **options).double()
         model = ac.FeatureGP(None, None, kernel).double()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             ac.fit(model, x, y, max_iter=settings["max_iter"], restarts=settings["restarts"], restart_iter=10,
                    progress=False, seed=seed)
+            if method == "gp-simplex-fsard":
+                select_inputs(model, x, y, seed=seed)
         pred = model.predict(xt, mean_only=True).mean.numpy()
         return pred, kernel.selected().numpy(), kernel.relevance.numpy()
     raise ValueError(f"unknown method {method!r}")

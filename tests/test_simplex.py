@@ -398,3 +398,49 @@ def test_a_constant_input_gets_no_simplex_weight(single_thread):
     assert float(pi[4]) == 0.0 and abs(float(pi.sum()) - 1.0) <= 1e-12
     assert float(pi[[0, 1]].sum()) >= 0.95
     assert 4 not in kernel.selected().tolist()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, single_thread):
+    """y = sin(2x₀) + cos(2x₁) + noise, four more inputs it does not use: after fit() alone
+    (c learnable) irrelevant inputs keep small weights; select_inputs leaves exactly {0, 1}
+    with non-zero π, on every feature draw, and predicts no worse."""
+    from alacarte.selection.evidence import select_inputs
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((400, 6))
+    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    xt = rng.standard_normal((200, 6))
+    yt = torch.as_tensor(np.sin(2 * xt[:, 0]) + np.cos(2 * xt[:, 1]))
+    kernel = ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=seed).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False, seed=seed)
+    before = float(model.predict(xt, mean_only=True).mean.sub(yt).pow(2).mean())
+    result = select_inputs(model, x, y, refit_iter=20, seed=seed)
+    pi = kernel.simplex_weights.detach().ravel()
+    assert result.selected.tolist() == [0, 1]
+    assert bool((pi[2:] == 0).all()) and abs(float(pi.sum()) - 1.0) <= 1e-12
+    assert float(result.costs[0]) > result.threshold and float(result.costs[1]) > result.threshold
+    after = float(model.predict(xt, mean_only=True).mean.sub(yt).pow(2).mean())
+    assert after <= before * 1.1 and after < 0.05
+
+
+def test_dropped_inputs_stay_at_zero_through_a_fit(single_thread):
+    """drop_inputs_ sets π_j = 0, keeps the others' γ (c learnable), and fit() never moves π_j again."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 4))
+    y = np.sin(2 * x[:, 2]) + 0.1 * rng.standard_normal(200)  # input 2 is the one that matters
+    kernel = ac.FSARDKernel(4, 16, ard_num_dims=4, simplex=True, seed=0).double()
+    gamma = kernel.inverse_lengthscale().detach().clone()
+    kernel.drop_inputs_([2])
+    assert float(kernel.simplex_weights.detach()[0, 2]) == 0.0
+    assert torch.allclose(kernel.inverse_lengthscale().detach()[0, [0, 1, 3]], gamma[0, [0, 1, 3]], rtol=1e-12)
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=15, restarts=0, progress=False)
+    assert float(kernel.simplex_weights.detach()[0, 2]) == 0.0 and kernel.selected().tolist() != []
+    with pytest.raises(ValueError, match="no input"):
+        kernel.drop_inputs_([0, 1, 3])
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        kernel.drop_inputs_([4])
+    with pytest.raises(ValueError, match="simplex kernel"):
+        ac.FSARDKernel(4, 16, ard_num_dims=4).drop_inputs_([0])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
 
 import torch
 from gpytorch.constraints import Interval, Positive
@@ -166,6 +167,9 @@ class FeatureKernel(Kernel):
             size = float(num_dims if simplex_size is None else simplex_size)
             register_constrained_parameter(self, "simplex_size", torch.full((*batch, 1, 1), size), Positive())
             self.raw_simplex_size.requires_grad_(bool(learn_simplex_size))
+            # Inputs allowed a non-zero π: the projected-gradient step holds the others at exactly 0
+            # (:meth:`drop_inputs_`). Not saved: the zeros of π are, and they are what a prediction uses.
+            self.register_buffer("simplex_mask", torch.ones(*batch, 1, num_dims, dtype=torch.bool), persistent=False)
         if self.has_outputscale:
             register_constrained_parameter(
                 self,
@@ -269,6 +273,34 @@ class FeatureKernel(Kernel):
         """Put π back on the probability simplex (exact Euclidean projection); no-op without ``simplex``."""
         if self.simplex:
             self.simplex_weights.copy_(project_to_simplex(self.simplex_weights))
+
+    @torch.no_grad()
+    def drop_inputs_(self, inputs: Sequence[int] | Tensor) -> None:
+        """Set π of ``inputs`` (indices) to exactly 0 and hold it there in later fits (:attr:`simplex_mask`).
+
+        The other inputs keep their inverse lengthscales γ where the simplex size c is learnable
+        (π renormalised, c shrunk by the dropped share); with c fixed, π is renormalised on c.
+
+        Raises:
+            ValueError: without ``simplex=True`` or batch shape, for an index outside ``[0, num_dims)``,
+                or when no input would be left.
+        """
+        if not self.simplex or len(self.batch_shape):
+            raise ValueError("drop_inputs_ needs a simplex kernel (simplex=True) without batch_shape")
+        index = torch.as_tensor(inputs, dtype=torch.long).reshape(-1)
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.num_dims):
+            raise ValueError(f"inputs must lie in [0, {self.num_dims}), got {index.tolist()}")
+        mask = self.simplex_mask.clone()
+        mask[..., index] = False
+        pi = self.simplex_weights.detach().clone()
+        pi[~mask.to(pi.device)] = 0
+        kept = float(pi.sum())
+        if not bool(mask.any()) or kept <= 0:
+            raise ValueError("drop_inputs_ would leave no input with a non-zero weight")
+        self.simplex_mask.copy_(mask)
+        self.simplex_weights.copy_(pi / kept)
+        if self.raw_simplex_size.requires_grad:
+            self.simplex_size = self.simplex_size * kept
 
     @property
     def relevance(self) -> Tensor:

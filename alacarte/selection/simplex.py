@@ -223,7 +223,8 @@ class SimplexStep:
         # so π_j gets no gradient: left free, the projection's shift fills it with the mass the other
         # inputs give up, a slack that lowers their total below c and reports the constant input as
         # relevant (π = 0.43 of 7 inputs). Its π_j is held at 0; π lies on the simplex of the others.
-        self.masks = [self._varying(inputs, p) for p in self.parameters]
+        # Inputs a kernel's drop_inputs_ took out are held at 0 too.
+        self.masks = [self._allowed(m, self._varying(inputs, p)) for m, p in zip(self.modules, self.parameters)]
         self.fista = MonotoneFISTA(size=1.0, step_size=step_size, masks=self.masks)
         self.moved = False  # whether the last call of step() changed π
 
@@ -255,6 +256,16 @@ class SimplexStep:
             return None
         varying = varying_columns(inputs).to(weights.device)
         return None if bool(varying.all()) or not bool(varying.any()) else varying
+
+    @staticmethod
+    def _allowed(module: torch.nn.Module, varying: Tensor | None) -> Tensor | None:
+        """``varying`` and the kernel's :attr:`simplex_mask` together; None: every input."""
+        held = getattr(module, "simplex_mask", None)
+        if held is None or bool(held.all()):
+            return varying
+        held = held.reshape(-1, held.shape[-1]).all(0).to(module.simplex_weights.device)
+        both = held if varying is None else varying & held
+        return both if bool(both.any()) else held
 
     def project_(self) -> None:
         for module, mask in zip(self.modules, self.masks):
