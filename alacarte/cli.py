@@ -78,7 +78,7 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[list
             header = next(csv.reader(fh), None)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
+    except (OSError, UnicodeDecodeError, csv.Error) as err:  # csv.Error: a NUL byte, before Python 3.11
         raise ValueError(f"{path}: cannot be read as a text CSV file ({err})") from None
     if not header or not any(name.strip() for name in header):
         raise ValueError(f"{path} is empty: it needs a header row and at least one data row")
@@ -116,30 +116,38 @@ def _check_rows(path: Path, names: list[str], wanted: list[str]) -> None:
     return if there is none (also the check of every row when numpy read only ``wanted``)."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
         rows = csv.reader(fh)
-        next(rows)
-        for row in rows:
-            line = rows.line_num
-            if not row:  # an empty line, which the reader skips too
+        try:
+            next(rows)
+            _check_cells(path, names, wanted, rows)
+        except csv.Error as err:  # a NUL byte, before Python 3.11
+            raise ValueError(f"{path} line {rows.line_num}: {err}") from None
+
+
+def _check_cells(path: Path, names: list[str], wanted: list[str], rows) -> None:
+    """:func:`_check_rows` on the rows of a CSV reader past its header."""
+    for row in rows:
+        line = rows.line_num
+        if not row:  # an empty line, which the reader skips too
+            continue
+        if len(row) != len(names):
+            raise ValueError(f"{path} line {line}: {len(row)} fields, but the header has {len(names)}")
+        for name, cell in zip(names, row):
+            if name not in wanted:
                 continue
-            if len(row) != len(names):
-                raise ValueError(f"{path} line {line}: {len(row)} fields, but the header has {len(names)}")
-            for name, cell in zip(names, row):
-                if name not in wanted:
-                    continue
-                text = cell.strip()
-                where = f"{path} line {line}, column {name!r}"
-                if not text:
-                    raise ValueError(f"{where}: empty cell (missing values are not supported)")
-                try:
-                    if "_" in text:  # float() takes "1_000"; the reader does not
-                        raise ValueError
-                    number = float(text)
-                except ValueError:
-                    raise ValueError(f"{where}: {text!r} is not a number") from None
-                if not math.isfinite(number):
-                    if math.isinf(number) and "inf" not in text.lower():  # 1e400: a finite number, but not in float64
-                        raise ValueError(f"{where}: {text} is beyond the range of float64 (|x| ≤ 1.8e308)")
-                    raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
+            text = cell.strip()
+            where = f"{path} line {line}, column {name!r}"
+            if not text:
+                raise ValueError(f"{where}: empty cell (missing values are not supported)")
+            try:
+                if "_" in text:  # float() takes "1_000"; the reader does not
+                    raise ValueError
+                number = float(text)
+            except ValueError:
+                raise ValueError(f"{where}: {text!r} is not a number") from None
+            if not math.isfinite(number):
+                if math.isinf(number) and "inf" not in text.lower():  # 1e400: a finite number, but not in float64
+                    raise ValueError(f"{where}: {text} is beyond the range of float64 (|x| ≤ 1.8e308)")
+                raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 
 def fraction(text: str) -> float | str:
