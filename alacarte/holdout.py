@@ -40,7 +40,8 @@ from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
 from .init import scale_signal, set_noise, signal_variance_parameter
-from .woodbury import NotPositiveDefiniteError
+from .mll import homoskedastic_noise
+from .woodbury import NotPositiveDefiniteError, SufficientStatistics, WoodburyPosterior, sufficient_statistics
 
 __all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "SCALE_PRIOR_ROWS", "HeldOut", "check_fraction", "resolve_fraction",
            "split_rows"]
@@ -136,16 +137,33 @@ class HeldOut:
     def rows(self) -> int:
         return self.y.shape[-1]
 
+    def _predictive(self, statistics: SufficientStatistics | None) -> tuple[Tensor, Tensor]:
+        """The held-out rows' predictive mean and variance (noise included).  Given the kept rows'
+        ``statistics`` at the current parameters, from them: a D×D factorisation instead of
+        another pass over the kept rows."""
+        model = self.model
+        if statistics is None:
+            predictive = model.likelihood(model(self.x))
+            return predictive.mean, predictive.variance
+        posterior = WoodburyPosterior(statistics, homoskedastic_noise(model.likelihood))
+        phi = model.covar_module.features(self.x)
+        return model.mean_module(self.x) + posterior.mean(phi), posterior.latent_variance(phi) + posterior.noise
+
     @torch.no_grad()
-    def score_and_scale(self) -> tuple[float, float]:
+    def score_and_scale(self, statistics: SufficientStatistics | None = None) -> tuple[float, float]:
         """(the score, s*); ``(inf, 1)`` where the posterior cannot be factorised.  The model is
-        left in train mode."""
+        left in train mode.
+
+        Args:
+            statistics: the kept rows' :class:`~alacarte.woodbury.SufficientStatistics` at the
+                model's current parameters (e.g. the likelihood's
+                :attr:`~alacarte.WoodburyMarginalLogLikelihood.last_statistics`), or ``None`` to
+                compute the posterior from the rows."""
         model = self.model
         model.eval()
         try:
-            predictive = model.likelihood(model(self.x))
-            variance = predictive.variance
-            ratio = float(((self.y - predictive.mean) ** 2 / variance).mean())
+            mean, variance = self._predictive(statistics)
+            ratio = float(((self.y - mean) ** 2 / variance).mean())
             rows = self.rows
             scale = (rows * ratio + SCALE_PRIOR_ROWS) / (rows + SCALE_PRIOR_ROWS)
             value = 0.5 * (math.log(2 * math.pi * scale) + float(torch.log(variance).mean()) + ratio / scale)
@@ -157,9 +175,20 @@ class HeldOut:
             return math.inf, 1.0
         return value, scale
 
-    def loss(self) -> float:
-        """The score at the scale s* (``inf`` where it cannot be computed)."""
-        return self.score_and_scale()[0]
+    def loss(self, statistics: SufficientStatistics | None = None) -> float:
+        """The score at the scale s* (``inf`` where it cannot be computed); ``statistics`` as
+        for :meth:`score_and_scale`."""
+        return self.score_and_scale(statistics)[0]
+
+    def _kept_statistics(self) -> SufficientStatistics | None:
+        """The kept rows' statistics at the current parameters (``None`` for a model without
+        explicit features, an exact GP)."""
+        model = self.model
+        features = getattr(model.covar_module, "features", None)
+        if features is None:
+            return None
+        (x,) = model.train_inputs
+        return sufficient_statistics(features(x), model.train_targets - model.mean_module(x))
 
     @torch.no_grad()
     def calibrate(self) -> tuple[float, float] | None:
@@ -178,18 +207,20 @@ class HeldOut:
         low = max(_NOISE_RANGE[0], 2 * float(constraint.lower_bound))
         high = min(_NOISE_RANGE[1], float(constraint.upper_bound))
         current = float(self.model.likelihood.noise.min())
-        best = (self.loss(), current)
+        # σ² is not in the features: one pass over the kept rows serves every σ² the search tries.
+        statistics = self._kept_statistics()
+        best = (self.loss(statistics), current)
         if low < high:
             def score(log_noise: float) -> float:
                 set_noise(self.model, math.exp(log_noise))
-                return self.loss()
+                return self.loss(statistics)
 
             found = minimize_scalar(score, bounds=(math.log(low), math.log(high)), method="bounded",
                                     options={"xatol": _LOG_NOISE_TOLERANCE})
             if found.fun < best[0]:
                 best = (found.fun, math.exp(found.x))
         set_noise(self.model, best[1])
-        scale = self.score_and_scale()[1]
+        scale = self.score_and_scale(statistics)[1]
         set_noise(self.model, best[1] * scale)
         scale_signal(self.model, scale)
         return float(self.model.likelihood.noise.min()), scale

@@ -62,6 +62,11 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
         model: a :class:`~alacarte.FeatureGP` (a model whose prior covariance is a feature
             kernel's low-rank root ΦΦᵀ).
 
+    Attributes:
+        last_statistics: the statistics ΦᵀΦ, Φᵀr, rᵀr, n of the latest call, detached
+            (``None`` after a call that took the n×n path): the weight posterior at the same
+            parameters needs only them and σ², so a caller that scores it reuses them.
+
     Example:
         >>> import torch
         >>> from gpytorch.mlls import ExactMarginalLogLikelihood
@@ -82,6 +87,7 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
     def __init__(self, likelihood: GaussianLikelihood, model: ExactGP):
         homoskedastic_noise(likelihood)
         super().__init__(likelihood, model)
+        self.last_statistics: SufficientStatistics | None = None
 
     def forward(self, function_dist: MultivariateNormal, target: Tensor, *params, **kwargs) -> Tensor:
         phi = feature_root(function_dist)
@@ -98,9 +104,12 @@ class WoodburyMarginalLogLikelihood(ExactMarginalLogLikelihood):
             raise ValueError("target contains non-finite values (NaN or inf)")
         residual = target - function_dist.mean
         if num_data < num_features:
+            self.last_statistics = None
             loss = negative_log_marginal_likelihood_of_rows(phi, residual, homoskedastic_noise(self.likelihood))
             return self._add_other_terms(-loss, params).div_(num_data)
-        return self.from_statistics(sufficient_statistics(phi, residual), *params)
+        stats = sufficient_statistics(phi, residual)
+        self.last_statistics = stats.detach()
+        return self.from_statistics(stats, *params)
 
     def from_statistics(self, stats: SufficientStatistics, *params) -> Tensor:
         """The same value from sufficient statistics ΦᵀΦ, Φᵀr, rᵀr, n (summed over chunks

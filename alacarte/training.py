@@ -96,14 +96,16 @@ def marginal_log_likelihood(model: FeatureGP | ExactRBFGP) -> gpytorch.mlls.Exac
 
 
 def _negative_mll(model, x, y, backward: bool):
-    """The loss per point; with ``backward`` the parameters' ``.grad`` are set.  ``x`` is
-    the internal training inputs, or a :class:`ChunkedData` (then ``y`` is ``None``)."""
+    """(the loss per point, the Woodbury likelihood's detached statistics of the rows or ``None``);
+    with ``backward`` the parameters' ``.grad`` are set.  ``x`` is the internal training inputs,
+    or a :class:`ChunkedData` (then ``y`` is ``None``)."""
     if isinstance(x, ChunkedData):
-        return streamed_negative_mll(model, x, backward=backward)
-    loss = -marginal_log_likelihood(model)(model(x), y)
+        return streamed_negative_mll(model, x, backward=backward), None
+    mll = marginal_log_likelihood(model)
+    loss = -mll(model(x), y)
     if backward:
         loss.backward()
-    return loss
+    return loss, getattr(mll, "last_statistics", None)
 
 
 # Function evaluations one L-BFGS iteration may spend, line search included.
@@ -146,6 +148,9 @@ class _Optimization:
         # (π too, which the simplex step moves between steps), give that one back instead of computing it
         # again — the same loss and gradients, so the same path, at one evaluation per iteration.
         self.evaluations: dict[bytes, tuple] = {}
+        # (the point, the kept rows' statistics) of the latest evaluation only: they are D×D.
+        self.latest_statistics: tuple[bytes | None, object] = (None, None)
+        self.statistics = None  # of the latest _loss
         self.iteration = 0
         self.losses: list[float] = []
         self.calm = 0
@@ -178,7 +183,8 @@ class _Optimization:
         self.validation, self.best = list(state["validation"]), state["best"]
 
     def _loss(self, backward: bool):
-        return _negative_mll(self.model, self.x, self.y, backward=backward)
+        loss, self.statistics = _negative_mll(self.model, self.x, self.y, backward=backward)
+        return loss
 
     def _parameter_key(self) -> bytes:
         """Every parameter's bytes: the point a loss was evaluated at."""
@@ -188,7 +194,11 @@ class _Optimization:
     def _score(self) -> bool:
         """Score the current iterate on the held-out rows; whether to stop (no better one for
         :data:`~alacarte.holdout.PATIENCE` iterations)."""
-        self.validation.append(self.held_out.loss())
+        # The line search usually ends with an evaluation at the iterate: its statistics give the
+        # held-out posterior without another pass over the kept rows.
+        key, statistics = self.latest_statistics
+        current = key is not None and key == self._parameter_key()
+        self.validation.append(self.held_out.loss(statistics if current else None))
         if self.best is None or self.validation[-1] < self.validation[self.best[0]]:
             self.best = (len(self.validation) - 1, copy.deepcopy(self.model.state_dict()))
         return len(self.validation) - 1 - self.best[0] >= PATIENCE
@@ -225,6 +235,7 @@ class _Optimization:
             if key is not None:
                 self.evaluations[key] = (loss.detach(), [None if p.grad is None else p.grad.detach().clone()
                                                          for p in self.params])
+                self.latest_statistics = (key, self.statistics)
             return loss
 
         with model.inference_settings():
@@ -293,7 +304,7 @@ class _Optimization:
 def _current_loss(model, x, y) -> float:
     model.train()
     with model.inference_settings():
-        return float(_negative_mll(model, x, y, backward=False))
+        return float(_negative_mll(model, x, y, backward=False)[0])
 
 
 # Seconds between checkpoint writes: a killed fit loses at most this much work (and the

@@ -169,6 +169,10 @@ class SufficientStatistics:
     def num_features(self) -> int:
         return self.gram.shape[-1]
 
+    def detach(self) -> "SufficientStatistics":
+        """The same statistics without their autograd graph (the tensors are shared, not copied)."""
+        return SufficientStatistics(self.gram.detach(), self.phi_r.detach(), self.r_r.detach(), self.n)
+
 
 def sufficient_statistics(phi: Tensor, r: Tensor) -> SufficientStatistics:
     """Statistics of features Φ (..., n, D) and residuals r (..., n).

@@ -62,15 +62,23 @@ def test_auto_holds_out_rows_for_feature_gps_in_memory_only():
     assert ac.fit(exact, x, y, max_iter=2, restarts=0, progress=False).held_out_rows == 0
 
 
-def test_the_score_is_the_dense_gp_predictive_density_of_the_held_out_rows():
+@pytest.mark.parametrize("from_statistics", [False, True])
+def test_the_score_is_the_dense_gp_predictive_density_of_the_held_out_rows(from_statistics):
     """The exact GP with kernel ΦΦᵀ, conditioned on the kept rows, scores the held-out ones, with its
-    predictive variances times s = (Σ r²/v + ν)/(|H| + ν), the MAP scale under ν rows' prior at 1."""
+    predictive variances times s = (Σ r²/v + ν)/(|H| + ν), the MAP scale under ν rows' prior at 1 —
+    from the rows, or from the statistics the likelihood computed of them."""
     x, y = data()
     model = make_model("fsard", 3, num_samples=32)
     model.set_train_data(x[:90], y[:90], strict=False)
     model.likelihood.noise = 0.05
     model.mean_module.constant.data.fill_(0.3)
-    score, scale = HeldOut(model, x[90:], y[90:]).score_and_scale()
+    statistics = None
+    if from_statistics:
+        mll = ac.WoodburyMarginalLogLikelihood(model.likelihood, model)
+        mll(model(x[:90]), y[:90])
+        statistics = mll.last_statistics
+        assert statistics.n == 90 and statistics.gram.grad_fn is None
+    score, scale = HeldOut(model, x[90:], y[90:]).score_and_scale(statistics)
     with torch.no_grad():
         phi, phi_star = model.covar_module.features(x[:90]), model.covar_module.features(x[90:])
         k = phi @ phi.T + 0.05 * torch.eye(90, dtype=torch.float64)
@@ -99,6 +107,28 @@ def test_a_fit_with_held_out_rows_keeps_its_best_iterate_and_conditions_on_every
     again.set_train_data(*model.standardize(x, y), strict=False)
     again.eval()
     assert torch.allclose(again.predict(x).mean, model.predict(x).mean, rtol=1e-12, atol=1e-12)
+
+
+def test_a_fit_scores_its_iterates_from_the_likelihoods_statistics(monkeypatch):
+    """Most held-out scores of an L-BFGS fit reuse the statistics the line search computed at the
+    iterate (no second pass over the kept rows), and each equals the score computed from the rows."""
+    x, y = data(n=400)
+    reused, recomputed = [], []
+    original = HeldOut.score_and_scale
+
+    def checked(self, statistics=None):
+        result = original(self, statistics)
+        if statistics is None:
+            recomputed.append(result)
+        else:
+            reused.append(result)
+            assert result == pytest.approx(original(self, None), rel=1e-9)
+        return result
+
+    monkeypatch.setattr(HeldOut, "score_and_scale", checked)
+    ac.fit(make_model("fsard", 3, num_samples=32), x, y, max_iter=30, restarts=2, restart_iter=5,
+           validation_fraction=0.25, progress=False)
+    assert len(reused) >= 4 * len(recomputed) > 0
 
 
 def test_the_noise_and_scale_are_the_held_out_scores_minimum():

@@ -66,7 +66,7 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     costs = torch.zeros(kernel.num_dims, dtype=torch.float64)
     model.train()
     with model.inference_settings():
-        base = float(_negative_mll(model, x, y, backward=False))
+        base = float(_negative_mll(model, x, y, backward=False)[0])
         try:
             for j in torch.nonzero(pi.reshape(-1) > 0).reshape(-1).tolist():
                 trial = pi.clone()
@@ -78,7 +78,7 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
                 kernel.simplex_weights.copy_(trial / kept)
                 if learn:  # the others keep their γ
                     kernel.simplex_size = size * kept
-                costs[j] = (float(_negative_mll(model, x, y, backward=False)) - base) * len(y)
+                costs[j] = (float(_negative_mll(model, x, y, backward=False)[0]) - base) * len(y)
         finally:
             kernel.simplex_weights.copy_(pi)
             if learn:
