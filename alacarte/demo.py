@@ -232,7 +232,7 @@ def save_demo_figure(result: dict, path: str | Path) -> Path | None:
         >>> save_demo_figure(result, "demo.png")
         PosixPath('demo.png')
     """
-    from .plotting import plot_spectrum
+    from .plotting import plot_spectrum, save_figure
 
     plt = _pyplot_or_none()
     if plt is None:
@@ -242,12 +242,10 @@ def save_demo_figure(result: dict, path: str | Path) -> Path | None:
         _slice_panel(axes[0], result)
         plot_spectrum(result["models"]["feature"].covar_module, ax=axes[1])
         axes[1].set_title("FSARD: learned spectral radii")
-        fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=100, format=None if path.suffix else "png")
-    finally:
+    except BaseException:
         plt.close(fig)
-    return path
+        raise
+    return save_figure(fig, path)
 
 
 

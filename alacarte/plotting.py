@@ -34,8 +34,9 @@ from .kernels import (
 
 if TYPE_CHECKING:  # matplotlib is optional (the plot extra): imported only to draw
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-__all__ = ["relevance", "plot_spectrum", "plot_relevance", "save_kernel_figure"]
+__all__ = ["relevance", "shown_inputs", "plot_spectrum", "plot_relevance", "save_kernel_figure", "save_figure"]
 
 _MAX_PANELS = 8
 
@@ -64,6 +65,27 @@ def relevance(kernel: FeatureKernel) -> np.ndarray:
     return _numpy(kernel.relevance)
 
 
+def shown_inputs(kernel: FeatureKernel) -> np.ndarray:
+    """The inputs a per-input picture draws: all of them, or the :data:`_MAX_PANELS` most relevant in
+    input order (a panel per input stops being readable beyond that)."""
+    if kernel.num_dims <= _MAX_PANELS:
+        return np.arange(kernel.num_dims)
+    return np.sort(np.argsort(-relevance(kernel), kind="stable")[:_MAX_PANELS])
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` as a PNG (whatever its suffix) and close it, written or not."""
+    plt = _pyplot()
+    try:
+        fig.tight_layout()
+        path = Path(path)
+        # Without a suffix matplotlib writes path + ".png", not the file asked for (and returned).
+        fig.savefig(path, dpi=100, format=None if path.suffix else "png")
+    finally:
+        plt.close(fig)
+    return path
+
+
 def _flat_axes(ax, panels: int, what: str) -> np.ndarray:
     """The user's axes (one, a sequence, a grid from ``plt.subplots(2, 2)``) flattened, at least ``panels``."""
     ax = np.atleast_1d(ax).ravel()
@@ -85,7 +107,8 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
         kernel: a GM, PWL or Fastfood RBF kernel (FSARD, FSGBARD, Fastfood ARD or isotropic),
             without batch shape.
         ax: where to draw (default: a new figure): one Axes, a sequence or a grid of them.
-            GM draws one panel per input, for the first 8 inputs at most, and needs that many
+            GM draws one panel per input — for the 8 most relevant inputs where there are more,
+            in input order, the first panel saying how many are left out — and needs that many
             axes; the others draw one panel, in the first.
         names: the inputs' names, one per input (default: ``input 0``, ``input 1``, …).
         input_scale: the units of the data per unit of the kernel's input — a model's
@@ -110,23 +133,29 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
         scale = np.ones(kernel.num_dims) if input_scale is None else _numpy(torch.as_tensor(input_scale)).reshape(-1)
         if scale.shape != (kernel.num_dims,) or not (np.isfinite(scale).all() and (scale > 0).all()):
             raise ValueError(f"input_scale must hold {kernel.num_dims} positive finite numbers, got {scale.tolist()}")
-        dims = min(kernel.num_dims, _MAX_PANELS)
+        shown = shown_inputs(kernel)
         if ax is None:
-            _, ax = plt.subplots(1, dims, figsize=(3 * dims, 2.6), squeeze=False)
+            _, ax = plt.subplots(1, len(shown), figsize=(3 * len(shown), 2.6), squeeze=False)
             ax = ax[0]
-        # one Axes for a GM kernel of d ≥ 2 inputs failed with an IndexError at ax[1]
-        ax = _flat_axes(ax, dims, f"a GM spectrum is drawn in one panel per input (at most {_MAX_PANELS})")
-        for j in range(dims):
+        ax = _flat_axes(ax, len(shown), f"a GM spectrum is drawn in one panel per input (at most {_MAX_PANELS})")
+        share = relevance(kernel)
+        for panel, j in enumerate(shown):
             span = np.abs(mu[:, j]).max() + 4 * sigma[:, j].max()
             omega = np.linspace(-span, span, 400)
             dens = sum(
                 wq * 0.5 * (stats.norm.pdf(omega, m, s) + stats.norm.pdf(omega, -m, s))
                 for wq, m, s in zip(w, mu[:, j], sigma[:, j])
             )
-            ax[j].plot(omega / scale[j], dens * scale[j])
-            ax[j].set_title(names[j] if names is not None else f"input {j}")
-            ax[j].set_xlabel(f"ω (rad / unit of {names[j]})" if input_scale is not None and names else "ω (rad / unit)")
+            ax[panel].plot(omega / scale[j], dens * scale[j])
+            ax[panel].set_title(f"{names[j] if names is not None else f'input {j}'} ({share[j]:.0%} relevance)")
+            ax[panel].set_xlabel(f"ω (rad / unit of {names[j]})" if input_scale is not None and names
+                                 else "ω (rad / unit)")
         ax[0].set_ylabel("spectral density")
+        if len(shown) < kernel.num_dims:
+            left = 1 - share[shown].sum()
+            ax[0].text(0.02, 0.98, f"{len(shown)} most relevant of {kernel.num_dims} inputs;\n"
+                       f"{kernel.num_dims - len(shown)} not drawn hold {left:.0%} of the relevance",
+                       transform=ax[0].transAxes, va="top", fontsize=7)
         return ax
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.2))
@@ -143,7 +172,9 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
         p = padded_dim(kernel.num_dims)
         ax.hist(radii, bins=min(60, max(10, radii.size // 20)), density=True, alpha=0.6, label="radii")
         r = np.linspace(0, radii.max() * 1.05, 400)
-        ax.plot(r, stats.chi.pdf(r, p), label=f"initial χ_{p} density")
+        # Fastfood draws s_i ~ χ_p in the padded dimension p, not in d.
+        padding = f", {kernel.num_dims} inputs padded to {p}" if p != kernel.num_dims else ""
+        ax.plot(r, stats.chi.pdf(r, p), label=f"initial density of s_i (χ_{p}{padding})")
         ax.set_xlabel("radius s_i of ω (ARD-scaled input)")
     else:
         raise ValueError(f"no spectrum picture for {type(kernel).__name__}: pictures exist for GM, PWL and the "
@@ -192,7 +223,7 @@ def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | Non
         ValueError: as :func:`plot_spectrum`; no file is written and no figure left open.
     """
     plt = _pyplot()
-    panels = min(kernel.num_dims, _MAX_PANELS) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
+    panels = len(shown_inputs(kernel)) if isinstance(kernel, SpectralMixtureFastfoodKernel) else 1
     fig = plt.figure(figsize=(max(6, 3 * panels), 6.2))
     try:
         grid = fig.add_gridspec(2, panels)
@@ -201,10 +232,7 @@ def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | Non
                       input_scale=input_scale)
         plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]), names=names)
         fig.suptitle(title or type(kernel).__name__)
-        fig.tight_layout()
-        path = Path(path)
-        # Without a suffix matplotlib writes path + ".png", not the file asked for (and returned).
-        fig.savefig(path, dpi=100, format=None if path.suffix else "png")
-    finally:
+    except BaseException:
         plt.close(fig)
-    return path
+        raise
+    return save_figure(fig, path)

@@ -122,3 +122,40 @@ def test_figure_is_written_to_the_path_given_even_without_a_suffix(tmp_path):
     assert save_kernel_figure(kernel, tmp_path / "pic") == tmp_path / "pic"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pic"]
     assert (tmp_path / "pic").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_gm_picture_of_many_inputs_draws_the_most_relevant_and_says_what_it_leaves_out(tmp_path):
+    """17 inputs, input 12 holding most of the relevance: the panels are the 8 most relevant inputs in
+    input order (12 among them), each titled with its share, and the first says what is not drawn."""
+    from alacarte.plotting import plot_spectrum, shown_inputs
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    kernel = ac.SpectralMixtureFastfoodKernel(17, 32, num_components=2, seed=0)
+    scales = torch.full((2, 17), 0.1)
+    scales[:, 12] = 5.0
+    scales[:, 3] = 1.0
+    kernel.scales = scales
+    share = relevance(kernel)
+    expected = sorted(np.argsort(-share)[:8].tolist())
+    assert 12 in expected and 3 in expected and expected != list(range(8))
+    assert shown_inputs(kernel).tolist() == expected
+    names = [f"x{j}" for j in range(17)]
+    drawn = plot_spectrum(kernel, names=names)
+    assert [a.get_title().split(" ")[0] for a in drawn] == [names[j] for j in expected]
+    assert f"({share[12]:.0%} relevance)" in drawn[expected.index(12)].get_title()
+    note = " ".join(t.get_text() for t in drawn[0].texts)
+    assert "8 most relevant of 17 inputs" in note and f"{1 - share[expected].sum():.0%}" in note
+    plt.close("all")
+    save_kernel_figure(kernel, tmp_path / "gm.png", names=names)
+    assert (tmp_path / "gm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_fsard_legend_names_the_padding_of_the_inputs():
+    from alacarte.plotting import plot_spectrum
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    legend = [t.get_text() for t in plot_spectrum(ac.FSARDKernel(17, 32, ard_num_dims=17, seed=0)).get_legend().get_texts()]
+    assert "initial density of s_i (χ_32, 17 inputs padded to 32)" in legend
+    legend = [t.get_text() for t in plot_spectrum(ac.FSARDKernel(16, 32, ard_num_dims=16, seed=0)).get_legend().get_texts()]
+    assert "initial density of s_i (χ_16)" in legend
+    plt.close("all")
