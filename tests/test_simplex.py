@@ -425,6 +425,31 @@ def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, single_t
     assert after <= before * 1.1 and after < 0.05
 
 
+def test_selection_frequency_counts_each_draws_selection(single_thread):
+    """Over three feature draws of the problem above, each draw's select_inputs keeps exactly {0, 1}:
+    frequency 1 for those, 0 for the four unused inputs, and the stable set is {0, 1}."""
+    from alacarte.selection import selection_frequency
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 6))
+    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(300)
+    built = []
+
+    def build(seed):
+        built.append(seed)
+        return ac.FeatureGP(None, None, ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=seed)).double()
+
+    found = selection_frequency(build, x, y, seeds=[3, 4, 5], max_iter=40, restarts=1, restart_iter=5)
+    assert built == [3, 4, 5] and found.seeds == [3, 4, 5]
+    assert [s.tolist() for s in found.selections] == [[0, 1]] * 3
+    assert found.frequency.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    assert found.stable().tolist() == [0, 1]
+    with pytest.raises(ValueError, match="seeds="):
+        selection_frequency(build, x, y, seed=1)
+    with pytest.raises(ValueError, match="at least one seed"):
+        selection_frequency(build, x, y, seeds=[])
+
+
 def test_dropped_inputs_stay_at_zero_through_a_fit(single_thread):
     """drop_inputs_ sets π_j = 0, keeps the others' γ (c learnable), and fit() never moves π_j again."""
     rng = np.random.default_rng(0)

@@ -2,10 +2,10 @@
 kernels, and estimators that learn which inputs matter — SRFF, RFFNet and the
 derivative-based method of Rosasco et al."""
 from .derivative import DerivativeSelector
-from .evidence import InputSelection, select_inputs
+from .evidence import InputSelection, SelectionFrequency, select_inputs, selection_frequency
 from .rffnet import RFFNetClassifier, RFFNetRegressor
 from .simplex import SimplexStep, project_to_simplex
 from .srff import SRFFRegressor
 
 __all__ = ["project_to_simplex", "SimplexStep", "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier",
-           "DerivativeSelector", "select_inputs", "InputSelection"]
+           "DerivativeSelector", "select_inputs", "InputSelection", "selection_frequency", "SelectionFrequency"]
