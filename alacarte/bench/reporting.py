@@ -56,7 +56,8 @@ def load_paper(path: str | os.PathLike | None = None) -> dict:
     """
     source = PAPER_TABLE if path is None else Path(path)
     if not source.is_file():
-        raise ValueError(f"--paper {path}: no such file (leave --paper out for the paper's table shipped with alacarte)")
+        raise ValueError(f"--paper {path}: no such file "
+                         "(leave --paper out for the paper's table shipped with alacarte)")
     with source.open(newline="") as fh:
         rows = list(table_rows(fh))
     try:
