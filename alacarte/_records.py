@@ -20,29 +20,13 @@ from typing import Any
 
 import torch
 
-from .kernels import (
-    FastfoodRBFKernel,
-    FeatureKernel,
-    FSARDKernel,
-    FSGBARDKernel,
-    PiecewiseLinearRadialKernel,
-    RandomFourierKernel,
-    SpectralMixtureFastfoodKernel,
-    SSGPRKernel,
-)
+from .factory import FEATURE_KERNEL_CLASSES
+from .kernels import FeatureKernel
 
 __all__ = ["KERNEL_CLASSES", "MODEL_CLASSES", "kernel_class", "kernel_name"]
 
-#: The kernel classes a model file may name, by the name files spell them with.
-KERNEL_CLASSES: dict[str, type] = {
-    "alacarte.kernels.fastfood:FastfoodRBFKernel": FastfoodRBFKernel,
-    "alacarte.kernels.fastfood:FSARDKernel": FSARDKernel,
-    "alacarte.kernels.fastfood:FSGBARDKernel": FSGBARDKernel,
-    "alacarte.kernels.random_fourier:RandomFourierKernel": RandomFourierKernel,
-    "alacarte.kernels.random_fourier:SSGPRKernel": SSGPRKernel,
-    "alacarte.kernels.spectral_mixture:SpectralMixtureFastfoodKernel": SpectralMixtureFastfoodKernel,
-    "alacarte.kernels.piecewise_linear:PiecewiseLinearRadialKernel": PiecewiseLinearRadialKernel,
-}
+#: The kernel classes a model file may name, by the name files spell them with: those the factory builds.
+KERNEL_CLASSES: dict[str, type] = {f"{cls.__module__}:{cls.__name__}": cls for cls in FEATURE_KERNEL_CLASSES}
 #: The model classes a model file may name.
 MODEL_CLASSES = ("FeatureGP", "ExactRBFGP")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}

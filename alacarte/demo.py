@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ._validation import check_positive_int, check_seed
-from .benchmark import predictive_scores
+from .bench.scores import predictive_scores
 from .factory import make_model
 from .training import fit
 

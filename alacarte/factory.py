@@ -6,7 +6,7 @@ benchmarks, so that ``"gm"`` means the same model everywhere.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -24,21 +24,24 @@ from .kernels import (
 from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
-__all__ = ["KERNEL_NAMES", "make_model", "default_dtype", "floating_state"]
+__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "make_model", "default_dtype", "floating_state"]
 
+# The named feature kernels: name → (class, its keyword arguments for d inputs and num_components).
+# The one list of them: model files may name these classes (alacarte._records) and no others.
+_FEATURE_KERNELS: dict[str, tuple[type[FeatureKernel], Callable[[int, int], dict]]] = {
+    "gm": (SpectralMixtureFastfoodKernel, lambda d, q: {"num_components": q}),
+    "pwl": (PiecewiseLinearRadialKernel, lambda d, q: {"num_components": q, "ard_num_dims": d}),
+    "fsard": (FSARDKernel, lambda d, q: {"ard_num_dims": d}),
+    "fsgbard": (FSGBARDKernel, lambda d, q: {"ard_num_dims": d}),
+    "fastfood-ard": (FastfoodRBFKernel, lambda d, q: {"ard_num_dims": d}),
+    "fastfood-rbf": (FastfoodRBFKernel, lambda d, q: {}),
+    "ssgpr": (SSGPRKernel, lambda d, q: {}),
+    "rks": (RandomFourierKernel, lambda d, q: {"ard_num_dims": d}),
+}
 #: Kernel names understood by :func:`make_model`, the estimator and the command line.
-KERNEL_NAMES = (
-    "gm",
-    "pwl",
-    "fsard",
-    "fsgbard",
-    "fastfood-ard",
-    "fastfood-rbf",
-    "ssgpr",
-    "rks",
-    "exact-ard",
-    "exact-rbf",
-)
+KERNEL_NAMES = (*_FEATURE_KERNELS, "exact-ard", "exact-rbf")
+#: The feature kernel classes the names build, each once.
+FEATURE_KERNEL_CLASSES = tuple(dict.fromkeys(cls for cls, _ in _FEATURE_KERNELS.values()))
 
 
 def floating_state(module: torch.nn.Module) -> Tensor:
@@ -62,23 +65,10 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def _feature_kernel(name: str, d: int, num_samples: int, num_components: int, seed: int) -> FeatureKernel:
-    if name == "gm":
-        return SpectralMixtureFastfoodKernel(d, num_samples, num_components=num_components, seed=seed)
-    if name == "pwl":
-        return PiecewiseLinearRadialKernel(d, num_samples, num_components=num_components, ard_num_dims=d, seed=seed)
-    if name == "fsard":
-        return FSARDKernel(d, num_samples, ard_num_dims=d, seed=seed)
-    if name == "fsgbard":
-        return FSGBARDKernel(d, num_samples, ard_num_dims=d, seed=seed)
-    if name == "fastfood-ard":
-        return FastfoodRBFKernel(d, num_samples, ard_num_dims=d, seed=seed)
-    if name == "fastfood-rbf":
-        return FastfoodRBFKernel(d, num_samples, seed=seed)
-    if name == "ssgpr":
-        return SSGPRKernel(d, num_samples, seed=seed)
-    if name == "rks":
-        return RandomFourierKernel(d, num_samples, ard_num_dims=d, seed=seed)
-    raise ValueError(f"unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)} or pass a FeatureKernel")
+    if name not in _FEATURE_KERNELS:
+        raise ValueError(f"unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)} or pass a FeatureKernel")
+    cls, options = _FEATURE_KERNELS[name]
+    return cls(d, num_samples, seed=seed, **options(d, num_components))
 
 
 def make_model(

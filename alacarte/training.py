@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ._checkpoint import FitCheckpoint, checkpoint_path, data_fingerprint, model_fingerprint
 from ._progress import STAGES, FitShape, check_progress
+from ._simplex_step import SimplexStep
 from ._validation import (
     check_bool,
     check_learnable_targets,
@@ -30,7 +31,6 @@ from .holdout import PATIENCE, HeldOut, resolve_fraction, split_rows
 from .init import check_initializable, initialize, set_noise
 from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
-from .selection.simplex import SimplexStep
 from .streaming import ChunkedData, as_chunked_data, is_streamed_input, streamed_negative_mll
 from .woodbury import NotPositiveDefiniteError, collect_jitter, refuse_nonpositive_noise
 

@@ -7,7 +7,7 @@ import io
 import os
 from collections.abc import Sequence
 
-from alacarte.benchmark import _complete, _drop_incomplete_last_line
+from alacarte.bench.store import drop_incomplete_last_line, is_complete
 
 
 def append_row(path: str | os.PathLike, fields: Sequence[str], row: dict) -> None:
@@ -19,7 +19,7 @@ def append_row(path: str | os.PathLike, fields: Sequence[str], row: dict) -> Non
     text = io.StringIO()
     writer = csv.DictWriter(text, fields)
     with open(path, "a+", newline="") as fh:
-        _drop_incomplete_last_line(fh)
+        drop_incomplete_last_line(fh)
         if fh.tell() == 0:
             writer.writeheader()
         else:
@@ -42,4 +42,4 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
         return []
     with open(path, newline="") as fh:
         text = fh.read()
-    return [r for r in csv.DictReader(io.StringIO(text[:text.rfind("\n") + 1], newline="")) if _complete(r)]
+    return [r for r in csv.DictReader(io.StringIO(text[:text.rfind("\n") + 1], newline="")) if is_complete(r)]

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import alacarte.training as training  # noqa: E402
 from alacarte import fit, load_uci  # noqa: E402
 from alacarte._checkpoint import FitCheckpoint, data_fingerprint, model_fingerprint  # noqa: E402
-from alacarte.benchmark import mixture_components, model_name, package_version  # noqa: E402
+from alacarte.bench.settings import mixture_components, model_name, package_version  # noqa: E402
 from alacarte.factory import make_model  # noqa: E402
 
 CASES = [("yacht", "gm"), ("energy", "exact-ard"), ("pumadyn32nm", "fsard")]

@@ -36,7 +36,7 @@ from threadpoolctl import threadpool_limits
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import package_version  # noqa: E402
+from alacarte.bench import package_version  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 BENCHMARK_PROTOCOL = (512, 100, 5, 15)  # frequencies (D = 1024 features), max_iter, restarts, restart_iter

@@ -334,7 +334,7 @@ def main() -> None:
         parser.error(f"--render-only: no such raw file {args.raw}")
 
     # here, not at the top: the workers' peak memory is measured
-    from alacarte.benchmark import _drop_incomplete_last_line
+    from alacarte.bench.store import drop_incomplete_last_line
 
     command = "python " + shlex.join(arg for arg in sys.argv if arg != "--render-only")
     done = {}
@@ -364,7 +364,7 @@ def main() -> None:
         with lock:
             done[_key(config, n, m)] = result
             with open(args.raw, "a+") as fh:
-                _drop_incomplete_last_line(fh)  # so that this row does not run on from a cut one
+                drop_incomplete_last_line(fh)  # so that this row does not run on from a cut one
                 fh.write(json.dumps(result) + "\n")
             with open(args.out, "w") as fh:
                 fh.write(render(args, done, command))

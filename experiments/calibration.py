@@ -27,13 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import (  # noqa: E402
-    mixture_components,
-    model_name,
-    package_version,
-    parse_splits,
-    predictive_scores,
-)
+from alacarte.bench.scores import predictive_scores  # noqa: E402
+from alacarte.bench.settings import mixture_components, model_name, package_version, parse_splits  # noqa: E402
 from alacarte.factory import make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)

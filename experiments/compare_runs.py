@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from alacarte.benchmark import ended_at_noise_floor, noise_floor_of, read_rows  # noqa: E402
+from alacarte.bench.store import ended_at_noise_floor, noise_floor_of, read_rows  # noqa: E402
 
 PROTOCOL = ("num_features", "components", "restarts", "max_iter")
 BUCKETS = (1e-6, 1e-3, 1e-2)

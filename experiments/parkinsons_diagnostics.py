@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import check_device, package_version, parse_splits  # noqa: E402
+from alacarte.bench.settings import check_device, package_version, parse_splits  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 SUBJECT, AGE, TEST_TIME = 0, 1, 3

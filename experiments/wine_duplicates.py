@@ -32,7 +32,7 @@ from threadpoolctl import threadpool_limits
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import package_version, parse_splits  # noqa: E402
+from alacarte.bench import package_version, parse_splits  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 FIELDS = ["split", "rows", "n_train", "dropped", "rmse", "noise", "loss_per_point", "restart_losses",

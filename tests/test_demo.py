@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from alacarte import fit
-from alacarte.benchmark import predictive_scores
+from alacarte.bench import predictive_scores
 from alacarte.cli import main
 from alacarte.demo import FIT_SETTINGS, NOISE, demo_data
 from alacarte.factory import make_model

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from alacarte._checkpoint import saved_progress
-from alacarte.benchmark import read_rows
+from alacarte.bench import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "uci"
@@ -21,7 +21,7 @@ TINY = ["--datasets", "servo", "yacht", "--methods", "exact-ard", "fsard", "--sp
         "--num-samples", "16", "--restarts", "1", "--restart-iter", "2", "--max-iter", "3",
         "--workers", "2", "--data", str(SHARED)]
 TIMING = {"train_seconds", "peak_rss_mb", "peak_device_mb"}
-DEFAULT_PAPER = str(ROOT / "experiments" / "paper_table1.csv")
+DEFAULT_PAPER = None  # the paper's table shipped with the package
 
 
 def run(csv_path, *extra):
@@ -181,7 +181,7 @@ def test_a_terminated_runner_stops_its_workers(tmp_path, signal_name):
 
 
 def test_alacarte_bench_command(tmp_path, capsys):
-    from alacarte.benchmark import FIELDS, append_row
+    from alacarte.bench import FIELDS, append_row
     from alacarte.cli import main
 
     path = tmp_path / "rows.csv"
@@ -217,7 +217,7 @@ def test_rows_name_the_commit_that_produced_them(monkeypatch):
     this checkout), with ``.dirty<hash of the diff>`` for uncommitted changes — two different
     edits are two versions; without git it is the package version alone."""
     import alacarte
-    from alacarte.benchmark import package_version
+    from alacarte.bench import package_version
 
     root = Path(alacarte.__file__).resolve().parent.parent
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
@@ -264,7 +264,7 @@ def test_an_installed_copy_inside_another_git_checkout_does_not_take_its_commit(
     git("commit", "-q", "-m", "a project")
     site = tmp_path / ".venv" / "site-packages"
     shutil.copytree(Path(alacarte.__file__).parent, site / "alacarte", ignore=shutil.ignore_patterns("__pycache__"))
-    out = subprocess.run([sys.executable, "-c", "import alacarte.benchmark as b; print(b.package_version())"],
+    out = subprocess.run([sys.executable, "-c", "import alacarte.bench as b; print(b.package_version())"],
                          env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path, check=True,
                          capture_output=True, text=True, timeout=120).stdout.split()
     assert out == [alacarte.__version__]
@@ -274,7 +274,7 @@ def test_an_installed_copy_inside_another_git_checkout_does_not_take_its_commit(
 def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ours, verdict, matched):
     """Parkinsons' GM is 0.00 in the paper (two decimals): no ratio exists, and ours matches it
     only when it too is below 0.005 — never a division by zero or an infinite 'ratio'."""
-    from alacarte.benchmark import append_row
+    from alacarte.bench import append_row
     from alacarte.cli import main
 
     path = tmp_path / "rows.csv"
@@ -295,7 +295,7 @@ def test_a_paper_value_printed_as_zero_is_compared_at_its_precision(tmp_path, ou
 
 def _result(path, dataset, split, method, rmse, num_features=1024, model=None, max_iter=100, device="cpu",
             peak_device_mb="", noise="", noise_floor=""):
-    from alacarte.benchmark import append_row
+    from alacarte.bench import append_row
 
     append_row(path, {"dataset": dataset, "split": split, "method": method, "model": model or method, "status": "ok",
                       "rmse": rmse, "nlpd": 0.0, "train_seconds": 3.0, "peak_rss_mb": 300.0, "n_train": 1439,
@@ -325,7 +325,7 @@ def test_the_gap_to_the_paper_is_given_in_standard_errors_as_welchs_t_statistic(
     datasets where ours is behind by how many standard errors."""
     from scipy.stats import ttest_ind_from_stats
 
-    from alacarte.benchmark import load_paper
+    from alacarte.bench import load_paper
     from alacarte.cli import main
 
     path = tmp_path / "rows.csv"
@@ -335,7 +335,7 @@ def test_the_gap_to_the_paper_is_given_in_standard_errors_as_welchs_t_statistic(
             _result(path, ds, split, "gm", value)
     assert main(["bench", "report", "--csv", str(path), "--out", str(tmp_path / "r.md")]) == 0
     text = (tmp_path / "r.md").read_text()
-    paper = load_paper(ROOT / "experiments" / "paper_table1.csv")
+    paper = load_paper()
     for ds, best in (("wine", "ARD"), ("yacht", "PWL"), ("autompg", "GM")):
         theirs = paper[(ds, best)]
         t = ttest_ind_from_stats(np.mean(ours[ds]), np.std(ours[ds], ddof=1), 3,
@@ -389,7 +389,7 @@ def test_a_lower_noise_floor_is_applied_recorded_and_reported_in_a_column_of_its
     protocol, and fits ending at their floor are counted in the report."""
     from gpytorch.likelihoods import GaussianLikelihood
 
-    from alacarte.benchmark import DEFAULT_NOISE_FLOOR
+    from alacarte.bench import DEFAULT_NOISE_FLOOR
     from alacarte.cli import main
 
     assert float(GaussianLikelihood().noise_covar.raw_noise_constraint.lower_bound) == pytest.approx(DEFAULT_NOISE_FLOOR)
@@ -447,7 +447,7 @@ def test_a_cell_on_the_gpu_matches_the_same_cell_on_the_cpu(tmp_path):
     """Same frequencies (drawn on the CPU, then moved), same data, same optimiser: only float64
     round-off differs, which three iterations cannot amplify visibly (a hundred unconverged ones can:
     three kegg GM cells differ by 3%, docs/benchmarks.md)."""
-    from alacarte.benchmark import METHODS
+    from alacarte.bench import METHODS
 
     cells = ["--datasets", "servo", "--methods", *METHODS]
     run(tmp_path / "cpu.csv", *cells)
@@ -489,7 +489,7 @@ def test_exact_gps_keep_one_column_when_they_ran_as_fastfood_on_the_larger_datas
 def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp_path):
     """A CSV written before ``iterations``/``converged`` existed is upgraded in place (old rows
     blank there) before the runner appends; a foreign file is refused, never appended to."""
-    from alacarte.benchmark import FIELDS, append_row, upgrade_csv
+    from alacarte.bench import FIELDS, append_row, upgrade_csv
 
     old_fields = FIELDS[: FIELDS.index("version") + 1]
     path = tmp_path / "old.csv"
@@ -576,10 +576,10 @@ def _to_run(path, capsys, *extra):
     """What `bench run` says it would do with ``path``; it starts no cell."""
     from unittest import mock
 
-    from alacarte import benchmark
+    from alacarte.bench import runner
     from alacarte.cli import main
 
-    with mock.patch.object(benchmark, "_run_cells", return_value=0):
+    with mock.patch.object(runner, "_run_cells", return_value=0):
         assert main(["bench", "run", "--datasets", "yacht", "--methods", "gm", "--splits", "0", "--num-samples",
                      "16", "--restarts", "0", "--restart-iter", "1", "--max-iter", "5", "--data", str(SHARED),
                      "--csv", str(path), "-q", *extra]) == 0
@@ -592,7 +592,7 @@ def test_missing_or_damaged_data_stop_the_run_before_any_cell_starts(tmp_path, m
     import shutil
     from unittest import mock
 
-    from alacarte import benchmark
+    from alacarte.bench import runner
     from alacarte.cli import main
 
     damaged = tmp_path / "uci"
@@ -605,14 +605,14 @@ def test_missing_or_damaged_data_stop_the_run_before_any_cell_starts(tmp_path, m
     monkeypatch.setenv("ALACARTE_UCI_URL", "http://127.0.0.1:9")  # the discard port: connection refused
     for data_dir, message in ((["--data", str(damaged)], "data.csv.gz' is damaged"),
                               ([], "could not be downloaded from http://127.0.0.1:9/yacht/data.csv.gz")):
-        with mock.patch.object(benchmark, "_run_cells", return_value=0) as cells:
+        with mock.patch.object(runner, "_run_cells", return_value=0) as cells:
             assert main(["bench", "run", "--datasets", "yacht", "--methods", "gm", "--splits", "0",
                          "--csv", str(tmp_path / "rows.csv"), "-q", *data_dir]) == 2
         assert not cells.called and message in capsys.readouterr().err
 
 
 def test_a_row_cut_off_mid_write_is_dropped_not_counted_or_glued_to_the_next(tmp_path, capsys):
-    from alacarte.benchmark import append_row, read_rows
+    from alacarte.bench import append_row, read_rows
 
     path = tmp_path / "rows.csv"
     append_row(path, _ok_row(split=1))
@@ -627,12 +627,12 @@ def test_a_row_cut_off_mid_write_is_dropped_not_counted_or_glued_to_the_next(tmp
     with open(path, "a") as fh:
         fh.write("yacht\n")
     with pytest.raises(ValueError, match=r"data row 3 \('yacht'\) is not a complete results row"):
-        from alacarte.benchmark import _finished_rows
-        _finished_rows(path)
+        from alacarte.bench.store import finished_rows
+        finished_rows(path)
 
 
 def test_each_cell_is_run_and_recorded_once(tmp_path, capsys):
-    from alacarte.benchmark import append_row, read_rows
+    from alacarte.bench import append_row, read_rows
     from alacarte.cli import main
 
     path = tmp_path / "rows.csv"
@@ -647,7 +647,7 @@ def test_each_cell_is_run_and_recorded_once(tmp_path, capsys):
 
 
 def test_a_resumed_run_at_other_settings_runs_its_own_cells(tmp_path, capsys):
-    from alacarte.benchmark import append_row
+    from alacarte.bench import append_row
 
     path = tmp_path / "rows.csv"
     append_row(path, _ok_row())
@@ -667,7 +667,7 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
     of a dataset that column never ran."""
     import argparse
 
-    from alacarte.benchmark import append_row, report
+    from alacarte.bench import append_row, report
 
     path = tmp_path / "rows.csv"
     append_row(path, _ok_row(split=0, num_features=32))
@@ -693,7 +693,7 @@ def test_a_result_is_written_beside_another_runners_timeout_of_the_cell(tmp_path
     """append_row took a timeout row of the same cell and settings for a finished one: the result of a
     runner with a longer budget was dropped ('another runner … finished it first'), and the report said
     'timeout'.  A timeout beside a result, or a second timeout, is still not written."""
-    from alacarte.benchmark import append_row
+    from alacarte.bench import append_row
 
     path = tmp_path / "rows.csv"
     timeout = {**_ok_row(split=1), "status": "timeout", "rmse": "", "nlpd": "", "peak_rss_mb": ""}
@@ -706,7 +706,7 @@ def test_a_timeout_at_settings_no_cell_finished_at_gets_its_own_column(tmp_path)
     gm column (the D=32 cells'), '0.12 ± 0 [1] · 1 timed out', as if D=32 had timed out."""
     import argparse
 
-    from alacarte.benchmark import append_row, report
+    from alacarte.bench import append_row, report
 
     path = tmp_path / "rows.csv"
     append_row(path, _ok_row(split=0, num_features=32))
@@ -720,7 +720,7 @@ def test_a_timeout_at_settings_no_cell_finished_at_gets_its_own_column(tmp_path)
 def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(tmp_path):
     import argparse
 
-    from alacarte.benchmark import append_row, report
+    from alacarte.bench import append_row, report
 
     path = tmp_path / "rows.csv"
     for split in (0, 1):
@@ -737,7 +737,7 @@ def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(t
     assert "gm restarts=0 components=1" in header and "gm restarts=2 components=4" in header and "| pwl |" in header
     assert "1 ± 0 [2]" in text and "2 ± 0 [2]" in text
     assert any(line.startswith("| concrete | — |") and "timeout" in line for line in text.splitlines())
-    with pytest.raises(ValueError, match="--paper .*missing.csv: no such file .*experiments/paper_table1.csv"):
+    with pytest.raises(ValueError, match="--paper .*missing.csv: no such file .*the paper's table shipped with alacarte"):
         table(paper=str(tmp_path / "missing.csv"))  # (the default, from an installed copy)
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="--paper .*other.csv: not a table of the paper's values"):
@@ -749,7 +749,7 @@ def test_the_report_prints_the_papers_values_as_the_paper_prints_them(tmp_path):
     its 3.97 ± 2.54 on concreteslump "3.97 ± 2.5", and parkinsons' best "0 (GM)" in the goal table."""
     import argparse
 
-    from alacarte.benchmark import append_row, report
+    from alacarte.bench import append_row, report
 
     path = tmp_path / "rows.csv"
     for dataset in ("airfoil", "concreteslump", "parkinsons"):
@@ -764,7 +764,7 @@ def test_the_report_prints_the_papers_values_as_the_paper_prints_them(tmp_path):
 def test_a_report_without_paper_columns_is_a_well_formed_table(tmp_path):
     import argparse
 
-    from alacarte.benchmark import append_row, report
+    from alacarte.bench import append_row, report
 
     path = tmp_path / "rows.csv"
     append_row(path, _ok_row(method="rks"))
@@ -783,7 +783,7 @@ def test_a_result_delivered_before_its_budget_ran_out_is_recorded_as_a_result(tm
     import queue
     import types
 
-    from alacarte import benchmark
+    from alacarte.bench import runner
 
     class Process:
         def __init__(self, target, args, daemon):
@@ -799,7 +799,7 @@ def test_a_result_delivered_before_its_budget_ran_out_is_recorded_as_a_result(tm
             self.exitcode = -9
 
     clock = iter([0.0, 0.0] + [100.0] * 100)  # both start at 0; the runner next looks at 100 s
-    monkeypatch.setattr(benchmark, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     path = tmp_path / "rows.csv"
     args = argparse.Namespace(csv=str(path), workers=2, time_budget=20.0, quiet=True)
     cfg = {"restarts": 0, "restart_iter": 1, "max_iter": 5, "version": "0", "device": "cpu", "noise_floor": 1e-4,
@@ -808,8 +808,8 @@ def test_a_result_delivered_before_its_budget_ran_out_is_recorded_as_a_result(tm
     for index in (0, 1):
         results.put((index, _ok_row(split=index)))
     pending = [(1, ("yacht", 1, "gm", cfg)), (0, ("yacht", 0, "gm", cfg))]
-    assert benchmark._run_cells(args, cfg, types.SimpleNamespace(Process=Process), pending, {}, results) == 0
-    assert [(r["split"], r["status"]) for r in benchmark.read_rows(path)] == [("0", "ok"), ("1", "ok")]
+    assert runner._run_cells(args, cfg, types.SimpleNamespace(Process=Process), pending, {}, results) == 0
+    assert [(r["split"], r["status"]) for r in read_rows(path)] == [("0", "ok"), ("1", "ok")]
 
 
 @pytest.mark.parametrize("setting, message", [
@@ -830,20 +830,18 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
     optimisation) goes on from its checkpoint — fewer evaluations than a fit from the start — and
     gives the row the uninterrupted cell gives; the runner picks the same checkpoint up, writes that
     row and deletes the checkpoint."""
-    import argparse
-
     from threadpoolctl import threadpool_limits
 
     import alacarte.training as training
-    from alacarte import benchmark
+    from alacarte.bench import runner
+    from alacarte.bench.settings import cell_settings
+    from alacarte.cli import build_parser
 
-    parser = argparse.ArgumentParser()
-    benchmark.add_arguments(parser)
     path = tmp_path / "rows.csv"
-    args = parser.parse_args(["run", "--datasets", "yacht", "--methods", "gm", "--splits", "0", "--num-samples", "16",
-                              "--restarts", "1", "--restart-iter", "3", "--max-iter", "12", "--workers", "1",
-                              "--data", str(SHARED), "--csv", str(path), "-q"])
-    cfg = benchmark.cell_settings(args)
+    args = build_parser().parse_args(["bench", "run", "--datasets", "yacht", "--methods", "gm", "--splits", "0",
+                                      "--num-samples", "16", "--restarts", "1", "--restart-iter", "3", "--max-iter",
+                                      "12", "--workers", "1", "--data", str(SHARED), "--csv", str(path), "-q"])
+    cfg = cell_settings(args)
     evaluate, calls = training._negative_mll, [0]
 
     class Killed(Exception):
@@ -857,7 +855,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
 
     def cell(settings):
         calls[0] = 0
-        return benchmark._run_cell(("yacht", 0, "gm", settings)), calls[0]
+        return runner._run_cell(("yacht", 0, "gm", settings)), calls[0]
 
     monkeypatch.setattr(training, "_negative_mll", counted)
     monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
@@ -871,7 +869,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
             with pytest.raises(Killed):
                 cell(cfg)
             (saved,) = Path(cfg["checkpoints"]).iterdir()
-            assert saved == benchmark.cell_checkpoint(cfg, "yacht", 0, "gm")
+            assert saved == runner.cell_checkpoint(cfg, "yacht", 0, "gm")
             assert saved_progress(saved)["stage"][0] == "final"
             kill_at = None
             resumed, resumed_evaluations = cell(cfg)
@@ -880,7 +878,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
         torch.set_num_threads(threads)
     assert 0 < resumed_evaluations < 10 < evaluations
     assert {k: v for k, v in resumed.items() if k not in TIMING} == {k: v for k, v in whole.items() if k not in TIMING}
-    assert benchmark.run(args) == 0  # the checkpoint now holds the finished fit: its row, with no training
+    assert runner.run(args) == 0  # the checkpoint now holds the finished fit: its row, with no training
     (row,) = read_rows(path)
     assert row["rmse"] == repr(resumed["rmse"]) and row["train_seconds"] == repr(resumed["train_seconds"])
     folder = Path(cfg["checkpoints"])
@@ -894,7 +892,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
         file.write_bytes(b"")
     hours_ago = time.time() - 7200
     os.utime(leftovers[".yacht-0-gm-x.ckpt.1.tmp"], (hours_ago, hours_ago))
-    assert benchmark.run(args) == 0
+    assert runner.run(args) == 0
     assert sorted(p.name for p in folder.iterdir()) == sorted(kept)
     assert len(read_rows(path)) == 1  # (nothing ran again)
 
@@ -926,13 +924,14 @@ def test_a_cell_checkpoint_of_another_checkpoint_format_is_not_looked_for(monkey
     next run read, and the cell failed at every run ('of format version 1; this alacarte reads format
     version 2; pass another path, or delete it'), a path no runner's user chooses.  The format is in
     the tag."""
-    from alacarte import _checkpoint, benchmark
+    from alacarte import _checkpoint
+    from alacarte.bench import runner
 
-    cfg = {**{name: 0 for name in benchmark._FIT_SETTINGS}, "version": "0.1.0", "checkpoints": "rows.checkpoints"}
-    path = benchmark.cell_checkpoint(cfg, "yacht", 0, "gm")
+    cfg = {**{name: 0 for name in runner._FIT_SETTINGS}, "version": "0.1.0", "checkpoints": "rows.checkpoints"}
+    path = runner.cell_checkpoint(cfg, "yacht", 0, "gm")
     monkeypatch.setattr(_checkpoint, "FORMAT_VERSION", _checkpoint.FORMAT_VERSION - 1)
-    older = benchmark.cell_checkpoint(cfg, "yacht", 0, "gm")
-    assert older != path and benchmark._TAGGED_CHECKPOINT.fullmatch(older.name).group(1) == "yacht-0-gm"
+    older = runner.cell_checkpoint(cfg, "yacht", 0, "gm")
+    assert older != path and runner._TAGGED_CHECKPOINT.fullmatch(older.name).group(1) == "yacht-0-gm"
 
 
 def test_summary_rows_say_over_how_many_datasets_each_method_counts(tmp_path):
@@ -942,7 +941,7 @@ def test_summary_rows_say_over_how_many_datasets_each_method_counts(tmp_path):
     on different datasets, each count says of how many, and a row averages over the ones every method ran."""
     import argparse
 
-    from alacarte.benchmark import report
+    from alacarte.bench import report
 
     path = tmp_path / "rows.csv"
     # yacht: a 1.0, b 2.0 (b normalised 2); wine: b 1.0 only (a did not run it).

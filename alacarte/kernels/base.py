@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._validation import check_positive_int, check_seed
 from ..features.fourier import fourier_features
-from ..selection.simplex import project_to_simplex
+from ..ops.simplex import project_to_simplex
 from ._params import ConstrainedParameter, checked_value, register_constrained_parameter, shaped_like
 
 __all__ = ["FeatureKernel", "MixtureFeatureKernel"]

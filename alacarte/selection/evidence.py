@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..training import _negative_mll, fit
+
 if TYPE_CHECKING:
     from ..models import FeatureGP
 
@@ -59,8 +61,6 @@ def _simplex_kernel(model: "FeatureGP") -> torch.nn.Module:
 def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     """Per input, the rise of the total negative log marginal likelihood (nats, on the model's
     training data) when its weight alone is set to 0; 0 for inputs out of use."""
-    from ..training import _negative_mll
-
     x, y = model.train_inputs[0], model.train_targets
     pi, size = kernel.simplex_weights.detach().clone(), kernel.simplex_size.detach().clone()
     learn = kernel.raw_simplex_size.requires_grad
@@ -111,8 +111,6 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
         ValueError: for a model without exactly one simplex kernel, an unfitted model, or
             ``level``, ``refit_iter``, ``max_rounds`` out of range.
     """
-    from ..training import fit
-
     kernel = _simplex_kernel(model)
     d = kernel.num_dims
     if not 0 < level < d:
@@ -187,8 +185,6 @@ def selection_frequency(build: Callable[[int], "FeatureGP"], x, y, *, seeds: Ite
         >>> found.frequency.shape
         torch.Size([4])
     """
-    from ..training import fit
-
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("seeds must hold at least one seed")

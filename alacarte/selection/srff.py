@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
 from .rffnet import _PREDICT_CHUNK
-from .simplex import MonotoneFISTA
+from ..ops.simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
 
@@ -78,7 +78,7 @@ def monotone_fista(
     tol: float,
 ) -> tuple[Tensor, float, float, list[float]]:
     r"""min over γ ∈ cΔ of ‖y − Z(γ)a‖²/n by monotone FISTA with backtracking
-    (:class:`~alacarte.selection.simplex.MonotoneFISTA`), from a first trial step ``step_size``.
+    (:class:`~alacarte.ops.simplex.MonotoneFISTA`), from a first trial step ``step_size``.
 
     Stops after ``max_iter`` steps, or when a step moved γ by at most ``tol·c`` and
     the objective by at most ``tol`` relative.
