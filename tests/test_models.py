@@ -280,7 +280,7 @@ def test_the_posterior_for_prediction_sums_its_statistics_over_chunks_of_trainin
         rows.append(inputs.shape[-2])
         return features(inputs)
 
-    with mock.patch("alacarte.models._CHUNK_BYTES", 64 * 3 * 32 * 8), \
+    with mock.patch("alacarte._standardized.CHUNK_BYTES", 64 * 3 * 32 * 8), \
          mock.patch.object(model.covar_module, "features", side_effect=recording_features):
         chunked = model.posterior()
         assert rows == [64, 64, 64, 8]
@@ -328,7 +328,7 @@ def test_chunked_predictions_keep_no_chunk_results_while_the_next_chunks_are_com
             alive.append(live.count(rows))
             return features(inputs)
 
-        with _LiveTensors() as live, mock.patch("alacarte.models._CHUNK_BYTES", rows * 3 * 32 * 8), \
+        with _LiveTensors() as live, mock.patch("alacarte._standardized.CHUNK_BYTES", rows * 3 * 32 * 8), \
              mock.patch.object(gp.covar_module, "features", counting_features):
             result = call()
         assert len(alive) == 28 and max(alive) <= 2, alive  # this chunk's inputs, not every chunk's results so far
@@ -349,7 +349,7 @@ def test_exact_prediction_chunks_bound_the_test_by_test_block():
     x_test = toy_data(n=3000, seed=3)[0]
     budget = 8 * 50 * 1000  # bytes: 1000 rows of the cross-covariance alone
     whole = model.predict(x_test)
-    with mock.patch("alacarte.models._CHUNK_BYTES", budget):
+    with mock.patch("alacarte._standardized.CHUNK_BYTES", budget):
         for mean_only in (True, False):
             with _LargestTensor() as largest:
                 chunked = model.predict(x_test, mean_only=mean_only)
@@ -983,7 +983,7 @@ def test_function_samples_are_evaluated_in_bounded_chunks_of_rows():
         rows.append(inputs.shape[-2])
         return features(inputs)
 
-    with mock.patch("alacarte.models._CHUNK_BYTES", 32 * 8 * 3 * 64), \
+    with mock.patch("alacarte._standardized.CHUNK_BYTES", 32 * 8 * 3 * 64), \
          mock.patch.object(draws._model.covar_module, "features", side_effect=recording_features):
         chunked = draws(x_test)
     assert max(rows) == 64 and sum(rows) == 1000
