@@ -11,7 +11,7 @@
    arithmetic (their gap is what the check compares with 0.01), whether it warned,
    the check's seconds against the fit's, and both fits' test RMSE.
 2. **Row tally.** A streamed fit over a source of ``(x, y)`` chunks sums each
-   pass's rows (``_RowTally``) to check that the statistics and gradient passes
+   pass's rows (``RowTally``) to check that the statistics and gradient passes
    read the same rows.  Its seconds per pass against one streamed loss + gradient
    evaluation, FSARD D = 1024 on SE1 rows, float64.
 
@@ -117,7 +117,8 @@ def _tally_row(n: int, chunk_rows: int) -> dict:
     import torch
 
     from alacarte.factory import make_model
-    from alacarte.streaming import ChunkedData, _RowTally, streamed_negative_mll
+    from alacarte._chunks import RowTally
+    from alacarte.streaming import ChunkedData, streamed_negative_mll
 
     x, y, _ = ac.datasets.make_se1(n, seed=0)
     chunks = [(torch.as_tensor(x[i:i + chunk_rows]), torch.as_tensor(y[i:i + chunk_rows]))
@@ -128,7 +129,7 @@ def _tally_row(n: int, chunk_rows: int) -> dict:
     start = time.perf_counter()
     streamed_negative_mll(model, data)
     evaluation = time.perf_counter() - start
-    tally = _RowTally(x.shape[1], "cpu")
+    tally = RowTally(x.shape[1], "cpu")
     start = time.perf_counter()
     for xs, ys in chunks:
         tally.add(xs, ys)

@@ -105,9 +105,9 @@ def test_a_second_pass_over_other_rows_is_refused():
     # a loss without gradient reads the data once: nothing to compare
     assert torch.isfinite(streamed_negative_mll(model, ChunkedData(dropping), backward=False))
     assert _streamed_loss_and_grads(model, ChunkedData(AugmentedChunks(x, y, 0.0)))[0].isfinite()
-    from alacarte.streaming import _RowTally  # the same rows whose column sums overflow still match
+    from alacarte._chunks import RowTally  # the same rows whose column sums overflow still match
 
-    huge = _RowTally(1, "cpu")
+    huge = RowTally(1, "cpu")
     huge.add(torch.tensor([[1e308], [1e308], [-1e308], [-1e308]], dtype=torch.float64), torch.zeros(4))
     assert not huge.sums.isfinite().all() and huge.matches(huge)
 
