@@ -533,10 +533,10 @@ def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
     x = −0.1 (no decrease).  Torch's default evaluation budget for max_iter=1 leaves the line
     search none, so it stays at 0.1 for ever (fits "converged" where they had stalled); ours
     must backtrack to the minimum."""
-    from alacarte.training import _make_optimizer
+    from alacarte.training._optimization import make_optimizer
 
     x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True)
-    opt = _make_optimizer([x], "lbfgs", None)
+    opt = make_optimizer([x], "lbfgs", None)
 
     def closure():
         opt.zero_grad()
@@ -705,7 +705,7 @@ def test_a_fit_that_ends_with_the_noise_at_its_lower_bound_warns_and_counts_repe
     with pytest.warns(RuntimeWarning, match="lower bound .* repeat 7 rows"):
         history = fit(model, x, y, max_iter=50, restarts=0, progress=False, validation_fraction=0)
     # The refit from a larger noise was tried, went no lower, and was dropped.
-    assert history.noise_refit_loss >= float(alacarte.training._current_loss(model, *model.train_inputs,
+    assert history.noise_refit_loss >= float(alacarte.training.current_loss(model, *model.train_inputs,
                                                                              model.train_targets))
     assert model.likelihood.noise.item() < 2e-4
     noisy = y + 0.3 * torch.randn(len(y), generator=gen, dtype=torch.float64)
@@ -729,9 +729,9 @@ def test_a_fit_stalled_at_the_noise_lower_bound_is_refitted_from_a_larger_noise(
         history = fit(model, x, y, max_iter=100, restarts=0, progress=False, validation_fraction=0)
         fit(reference, x, y, max_iter=100, restarts=0, progress=False, validation_fraction=0)
     x_std, y_std = model.train_inputs[0], model.train_targets  # the reference's too: the same standardisation
-    final = alacarte.training._current_loss(model, x_std, y_std)
+    final = alacarte.training.current_loss(model, x_std, y_std)
     assert history.noise_refit_loss == pytest.approx(final)  # the refit was kept
-    assert final < alacarte.training._current_loss(reference, x_std, y_std) + 0.05
+    assert final < alacarte.training.current_loss(reference, x_std, y_std) + 0.05
     assert 0.5 < model.likelihood.noise.item() / reference.likelihood.noise.item() < 2
 
 

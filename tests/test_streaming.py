@@ -197,7 +197,7 @@ def test_a_streamed_fit_initialises_the_mean_and_noise_from_all_targets(monkeypa
     from those rows too: with rows sorted by y (a time series, a file sorted by its target) the
     streamed fit started at constant −0.568 (standardised; 3.76 unstandardised), the in-memory fit
     at 0 (5.01)."""
-    import alacarte.training
+    import alacarte.training._stages as stages
 
     starts = []
 
@@ -205,8 +205,8 @@ def test_a_streamed_fit_initialises_the_mean_and_noise_from_all_targets(monkeypa
         initialize(model, *args, **kwargs)
         starts.append((float(model.mean_module.constant.detach()), float(model.likelihood.noise.detach())))
 
-    initialize = alacarte.training.initialize
-    monkeypatch.setattr(alacarte.training, "initialize", recorded)
+    initialize = stages.initialize
+    monkeypatch.setattr(stages, "initialize", recorded)
     rng = np.random.default_rng(0)
     x = torch.as_tensor(rng.normal(size=(15_000, 2)))
     y = 3 * torch.sin(x[:, 0]) + x[:, 1] + 5

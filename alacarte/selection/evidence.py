@@ -58,7 +58,7 @@ def _simplex_kernel(model: "FeatureGP") -> torch.nn.Module:
 def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     """Per input, the rise of the total negative log marginal likelihood (nats, on the model's
     training data) when its weight alone is set to 0; 0 for inputs out of use."""
-    from ..training import _negative_mll
+    from ..training import negative_mll
 
     x, y = model.train_inputs[0], model.train_targets
     pi, size = kernel.simplex_weights.detach().clone(), kernel.simplex_size.detach().clone()
@@ -66,7 +66,7 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     costs = torch.zeros(kernel.num_dims, dtype=torch.float64)
     model.train()
     with model.inference_settings():
-        base = float(_negative_mll(model, x, y, backward=False))
+        base = float(negative_mll(model, x, y, backward=False))
         try:
             for j in torch.nonzero(pi.reshape(-1) > 0).reshape(-1).tolist():
                 trial = pi.clone()
@@ -78,7 +78,7 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
                 kernel.simplex_weights.copy_(trial / kept)
                 if learn:  # the others keep their γ
                     kernel.simplex_size = size * kept
-                costs[j] = (float(_negative_mll(model, x, y, backward=False)) - base) * len(y)
+                costs[j] = (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
         finally:
             kernel.simplex_weights.copy_(pi)
             if learn:
