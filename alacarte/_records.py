@@ -286,7 +286,8 @@ def check_posterior(posterior: Any, kernel, field: str) -> None:
 def check_history(history: Any, field: str) -> dict[str, Any]:
     """A :class:`~alacarte.training.FitHistory`'s fields."""
     floats = ("loss", "restart_losses", "validation_loss")
-    optional = ("chosen_restart", "noise_refit_loss", "best_iteration", "held_out_noise", "held_out_scale")
+    optional = ("chosen_restart", "noise_refit_loss", "best_iteration", "held_out_noise", "held_out_scale",
+                "final_loss")
     check_dict(history, field, optional=(*floats, *optional, "seconds", "converged", "optimizer", "held_out_rows"))
     for name, value in history.items():
         where = f"{field}.{name}"

@@ -148,13 +148,12 @@ def signal_variance_parameter(model) -> tuple[Tensor, object, str] | None:
     """(raw parameter, module, name) of what carries the signal variance σ_f²: an outputscale, or
     a mixture's weights (whose sum is σ_f²); ``None`` for a kernel with neither."""
     kernel = model.covar_module
-    for module, name in ((kernel, "outputscale"), (kernel, "weights")):
-        if isinstance(kernel, FeatureKernel) and name == "outputscale" and not kernel.has_outputscale:
-            continue
-        raw = getattr(module, f"raw_{name}", None)
-        if isinstance(raw, torch.nn.Parameter):
-            return raw, module, name
-    return None
+    name = "outputscale"  # (a FeatureKernel's may be switched off: has_outputscale)
+    if (isinstance(kernel, FeatureKernel) and not kernel.has_outputscale
+            or not isinstance(getattr(kernel, "raw_outputscale", None), torch.nn.Parameter)):
+        name = "weights"
+    raw = getattr(kernel, f"raw_{name}", None)
+    return (raw, kernel, name) if isinstance(raw, torch.nn.Parameter) else None
 
 
 @torch.no_grad()

@@ -4,60 +4,32 @@ Both share one fit/predict API: :func:`alacarte.fit` standardises inputs and
 targets and stores the transformation in the model's buffers, so
 :meth:`predict` takes and returns original units.  ``model(x)`` and
 ``likelihood(model(x))`` behave as in any GPyTorch ``ExactGP`` and work in the
-model's internal (standardised) units.
+model's internal (standardised) units.  The exact baselines are in
+:mod:`alacarte.exact`.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import functools
-import itertools
-import math
 import operator
-from typing import NamedTuple
 
 import gpytorch
-
 import torch
 from gpytorch.distributions import MultivariateNormal
-from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
-from gpytorch.means import ConstantMean
-from gpytorch.models import ExactGP
 from linear_operator.operators import LowRankRootLinearOperator
-from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
-from ._validation import (
-    as_tensor,
-    check_inputs,
-    check_positive_int,
-    check_scales_finite,
-    check_seed,
-    check_targets,
-    robust_std,
-)
+from ._standardized import Prediction, StandardizedGP, into_rows
+from ._validation import as_tensor, check_inputs, check_positive_int, check_seed
+from .exact import ExactRBFGP
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
 from .streaming import as_chunked_data, streamed_statistics
-from .woodbury import NotPositiveDefiniteError, WoodburyPosterior, sufficient_statistics
+from .woodbury import WoodburyPosterior, sufficient_statistics
 
 __all__ = ["Prediction", "FeatureGP", "ExactRBFGP", "FunctionSamples"]
-
-# Rows per prediction chunk are chosen so that one chunk's features take about this much.
-_CHUNK_BYTES = 32 * 2**20
-
-
-class Prediction(NamedTuple):
-    """Predictive moments in the targets' original units, each of shape ``(*batch, m)`` for m test points.
-
-    ``variance`` (latent f*) and ``observed_variance`` (y* = f* + noise) are
-    ``None`` when only the mean was asked for.
-    """
-
-    mean: Tensor
-    variance: Tensor | None
-    observed_variance: Tensor | None
 
 
 class FunctionSamples:
@@ -93,206 +65,16 @@ class FunctionSamples:
         for start in range(0, inner.shape[0], rows):
             part = inner[start : start + rows]
             values = model.mean_module(part).unsqueeze(-1) + model.covar_module.features(part) @ weights
-            f = _into_rows(f, values.transpose(-1, -2), start, inner.shape[0])
+            f = into_rows(f, values.transpose(-1, -2), start, inner.shape[0])
             del values
         f = f * model.target_scale + model.target_offset
         model.refuse_overflowed_rows(f)
         return f
 
 
-def _into_rows(out: Tensor | None, part: Tensor, start: int, total: int) -> Tensor:
-    """Write ``part`` (..., rows) into ``out[..., start:start + rows]``, making ``out`` (..., total) if ``None``."""
-    if out is None:
-        out = part.new_empty(*part.shape[:-1], total)
-    out[..., start : start + part.shape[-1]] = part
-    return out
 
 
-def shifted_mean(t: Tensor) -> Tensor:
-    """Column means (dim 0) summed as deviations from the column's midrange: a constant column's mean is its
-    value exactly (sixty rows of 1e50 summed plainly give 9.999999999999999e49, and the "constant" column
-    then standardises to ±1e34), and a nearly constant one's is accurate to its spread's round-off."""
-    middle = t.amax(0) / 2 + t.amin(0) / 2  # (halved first: the sum of two values near ±1.7e308 overflows)
-    return middle + (t - middle).mean(0)
-
-
-class _StandardizedGP(ExactGP):
-    """ExactGP plus affine input/target standardisation kept in buffers."""
-
-    def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
-        num_dims = check_positive_int(num_dims, "num_dims")
-        likelihood = likelihood if likelihood is not None else GaussianLikelihood()
-        if type(likelihood) is not GaussianLikelihood:
-            raise ValueError(
-                "alacarte models need a homoskedastic gpytorch.likelihoods.GaussianLikelihood (one noise "
-                f"variance σ², trained or fixed), got {type(likelihood).__name__}"
-            )
-        if train_x is not None:
-            train_x = check_inputs(as_tensor(train_x, "train_x"), "train_x", num_dims)
-            train_y = check_targets(as_tensor(train_y, "train_y", train_x.dtype), train_x.shape[0], "train_y")
-        super().__init__(train_x, train_y, likelihood)
-        self.num_dims = num_dims
-        self.mean_module = ConstantMean()
-        self.register_buffer("input_offset", torch.zeros(num_dims))
-        self.register_buffer("input_scale", torch.ones(num_dims))
-        self.register_buffer("target_offset", torch.zeros(()))
-        self.register_buffer("target_scale", torch.ones(()))
-
-    # -- units --------------------------------------------------------------------------
-    def standardize(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """Set the transformation from data (mean 0, std 1 per column) and apply it.
-
-        A constant column (max = min) is only centred: its computed std can be
-        round-off (0.1s give ~1e-17), and dividing by it would make an O(1) input."""
-        x_offset, y_offset = shifted_mean(x), shifted_mean(y)
-        # (of the deviations, which are exact: torch's std of the values themselves centres them on a plain sum)
-        x_scale = robust_std(x - x_offset, 0) if x.shape[0] > 1 else torch.ones_like(x[0])
-        y_scale = robust_std(y - y_offset) if y.shape[0] > 1 else torch.ones_like(y[0])
-        x_scale = x_scale.masked_fill(x.amax(0) == x.amin(0), 0.0)  # 0 → scale 1 below
-        y_scale = y_scale.masked_fill(y.amax() == y.amin(), 0.0)
-        self.set_standardization(x_offset, x_scale, y_offset, y_scale)
-        return self.internal_inputs(x), (y - self.target_offset) / self.target_scale
-
-    @torch.no_grad()
-    def set_standardization(self, input_offset: Tensor, input_scale: Tensor, target_offset: Tensor,
-                            target_scale: Tensor) -> None:
-        """Set the affine transformation x ↦ (x − offset)/scale (constant columns keep scale 1)."""
-        check_scales_finite(input_offset, input_scale, "x")
-        check_scales_finite(target_offset, target_scale, "y")
-        self.input_offset.copy_(input_offset)
-        self.input_scale.copy_(torch.where(input_scale > 0, input_scale, torch.ones_like(input_scale)))
-        self.target_offset.copy_(target_offset)
-        self.target_scale.copy_(target_scale if target_scale > 0 else torch.ones_like(target_scale))
-
-    def internal_inputs(self, x: Tensor) -> Tensor:
-        return (x - self.input_offset) / self.input_scale
-
-    def internal_query_inputs(self, x) -> Tensor:
-        """Test inputs (original units, validated) in the internal units, where they must stay finite."""
-        x, _ = self.check_data(x)
-        inner = self.internal_inputs(x)
-        overflowed = ~torch.isfinite(inner).all(-1)
-        if bool(overflowed.any()):
-            rows = overflowed.nonzero().flatten()[:5].tolist()
-            raise ValueError(f"x rows {rows} (first 5 shown) overflow to inf once standardised with the training "
-                             "data's scales: they lie too far outside the training data")
-        return inner
-
-    @staticmethod
-    def refuse_overflowed_rows(values: Tensor) -> None:
-        """A ValueError naming the test rows (the last axis of ``values``) whose prediction is NaN.
-
-        Inputs that stay finite once standardised can still overflow the kernel's arithmetic (ω·x of
-        a feature kernel, a squared distance): cos(inf) is NaN, which was returned as a prediction.
-        (inf is let through: a variance in units of 1e200² is beyond float64, not wrong.)"""
-        bad = torch.isnan(values).reshape(-1, values.shape[-1]).any(0)
-        if bool(bad.any()):
-            rows = bad.nonzero().flatten()[:5].tolist()
-            raise ValueError(f"x rows {rows} (first 5 shown) give NaN predictions: they lie too far outside the "
-                             "training data for the kernel's arithmetic (ω·x or a squared distance overflows)")
-
-    def _model_dtype(self) -> torch.dtype:
-        return self.input_offset.dtype
-
-    def check_data(self, x, y=None) -> tuple[Tensor, Tensor | None]:
-        """Validate and convert user data (original units) to the model's dtype/device."""
-        dtype, device = self._model_dtype(), self.input_offset.device
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"alacarte models compute in float32 or float64, this one is {dtype}: call model.float() "
-                             "or model.double()")
-        x = check_inputs(as_tensor(x, "x", dtype, device), "x", self.num_dims)
-        if y is not None:
-            y = check_targets(as_tensor(y, "y", dtype, device), x.shape[0], "y")
-        return x, y
-
-    def inference_settings(self) -> contextlib.AbstractContextManager:
-        """GPyTorch settings under which the model is trained and queried."""
-        return contextlib.nullcontext()
-
-    # -- prediction ---------------------------------------------------------------------
-    def _parameter_snapshot(self) -> list[Tensor]:
-        """Copies of the parameters and buffers a prediction cache is computed from."""
-        return [t.detach().clone() for t in itertools.chain(self.parameters(), self.buffers())]
-
-    def _unchanged_since(self, snapshot: list[Tensor] | None) -> bool:
-        """Whether every parameter and buffer still holds the values in ``snapshot``.
-
-        Values, not version counters: ``model.likelihood.noise = v`` writes through ``.data``."""
-        if snapshot is None:
-            return False
-        current = list(itertools.chain(self.parameters(), self.buffers()))
-        return len(current) == len(snapshot) and all(
-            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a.detach(), b)
-            for a, b in zip(current, snapshot)
-        )
-
-    def _has_data(self) -> bool:
-        return self.train_inputs is not None
-
-    def _chunk_rows(self) -> int:
-        raise NotImplementedError
-
-    def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def predict(self, x, *, mean_only: bool = False, chunk_size: int | None = None) -> Prediction:
-        """Predictive mean and variances at ``x`` (original units), in chunks of rows.
-
-        Memory is bounded by the chunk size whatever the number of test points.
-
-        Args:
-            x: test inputs (m, d), tensor or array.
-            mean_only: skip the variances (cheaper).
-            chunk_size: rows per chunk; default: about 32 MiB of a chunk's features (FeatureGP)
-                or of its covariance with the training rows (ExactRBFGP).
-
-        Returns:
-            The :class:`~alacarte.models.Prediction` (mean, variance, observed_variance).
-
-        Raises:
-            ValueError: if the model has no training data (nor, for a FeatureGP, a cached
-                posterior), ``x`` has NaN/inf or another number of columns, or a row lies so far
-                outside the training data that its prediction overflows.
-        """
-        if not self._has_data():
-            raise ValueError(
-                "the model has no training data: call alacarte.fit(model, x, y) (or, for a FeatureGP, "
-                "model.cache_posterior(x, y)) first"
-            )
-        inner = self.internal_query_inputs(x)
-        if chunk_size is not None:
-            check_positive_int(chunk_size, "chunk_size")
-        was_training = self.training
-        self.eval()
-        try:
-            with self.inference_settings():
-                rows = chunk_size or self._chunk_rows()
-                mean, variance = None, None
-                for start in range(0, inner.shape[0], rows):
-                    chunk = self._predict_internal(inner[start : start + rows], mean_only)
-                    # Written into the outputs and dropped, not kept for a torch.cat: every chunk's small
-                    # results, kept while the next chunks' large features came and went, fragmented glibc's
-                    # heap, and the peak memory grew with m after all (+670 MB at m = 160 000 with 512
-                    # features; +84 MB so).
-                    mean = _into_rows(mean, chunk[0], start, inner.shape[0])
-                    variance = None if mean_only else _into_rows(variance, chunk[1], start, inner.shape[0])
-                    del chunk
-        finally:
-            self.train(was_training)
-        # Test points are the last axis; a batched kernel's leading axes are its batch.
-        mean = mean * self.target_scale + self.target_offset
-        self.refuse_overflowed_rows(mean)
-        if mean_only:
-            return Prediction(mean, None, None)
-        scale2 = self.target_scale**2
-        variance = variance * scale2
-        self.refuse_overflowed_rows(variance)
-        noise = homoskedastic_noise(self.likelihood) * scale2
-        return Prediction(mean, variance, variance + noise.unsqueeze(-1))
-
-
-class FeatureGP(_StandardizedGP):
+class FeatureGP(StandardizedGP):
     r"""GP regression with an explicit-feature kernel, trained and queried through Woodbury.
 
     ``f(x) = μ + φ(x)ᵀw``, ``w ~ N(0, I_D)``, ``y = f(x) + ε``.  Use
@@ -557,125 +339,10 @@ class FeatureGP(_StandardizedGP):
         weights = posterior.weights.unsqueeze(-1) + posterior.noise.sqrt()[..., None, None] * spread
         return FunctionSamples(self, weights.transpose(-1, -2).contiguous())
 
-    def _chunk_rows(self) -> int:
+    def _rows_within(self, budget: int) -> int:
         itemsize = torch.finfo(self._model_dtype()).bits // 8
-        return max(1, _CHUNK_BYTES // (3 * self.covar_module.num_features * itemsize))
+        return max(1, budget // (3 * self.covar_module.num_features * itemsize))
 
     def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
         posterior, phi, mean = self._posterior_mean(x)
         return mean, None if mean_only else posterior.latent_variance(phi)
-
-
-class _RBFKernel(RBFKernel):
-    """GPyTorch's RBF kernel, whose predictions do not couple the test rows through round-off.
-
-    GPyTorch expands ‖a − b‖² = ‖a‖² + ‖b‖² − 2aᵀb about the mean of x1, which for a prediction is
-    the test chunk: one test row far outside the data moved that mean and every other row's distances
-    drowned in cancellation (a row at 1e8 beside [0.5, 0.5, 0.5] moved its mean from 0.409 to −0.483,
-    at 1e10 to 9.11; their posterior covariance from 0.00108 to −0.0141). A cross-covariance is
-    centred on the training inputs (x2 there) instead: k(x1, x2) = k(x2, x1)ᵀ. The covariance of
-    equal inputs is taken from exact differences in eval mode (test–test blocks, O(m²) anyway); in
-    training it stays GPyTorch's own, bit for bit.
-    """
-
-    def forward(self, x1: Tensor, x2: Tensor, diag: bool = False, **params) -> Tensor:
-        # (last_dim_is_batch, deprecated by GPyTorch, wants a block per input dimension: GPyTorch's own.)
-        if diag or params.get("last_dim_is_batch", False) or (self.training and torch.equal(x1, x2)):
-            return super().forward(x1, x2, diag=diag, **params)
-        if torch.equal(x1, x2):
-            return self._exact_self_covariance(x1)
-        m = x1.shape[-2]
-        if x2.shape[-2] > m and torch.equal(x2[..., -m:, :], x1):
-            # GPyTorch up to 1.15.1 asks for the test × (train, test) block of the joint covariance, not
-            # the two blocks 1.15.2 asks for: centring on all of x2 would take in the test rows again.
-            train = x2[..., :-m, :]
-            cross = super().forward(train, x1, **params).transpose(-2, -1)
-            return torch.cat([cross, self._exact_self_covariance(x1)], dim=-1)
-        return super().forward(x2, x1, **params).transpose(-2, -1)
-
-    def _exact_self_covariance(self, x: Tensor) -> Tensor:
-        x = x.div(self.lengthscale)
-        return torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist").square().div(-2).exp()
-
-
-class ExactRBFGP(_StandardizedGP):
-    r"""Exact GP with GPyTorch's RBF (isotropic) or ARD kernel: the reference baseline.
-
-    ``k(x, x') = σ_f² exp(−½‖(x − x')/ℓ‖²)``; O(n³) — for n up to a few thousand.
-
-    Args:
-        train_x, train_y: training data (or ``None``; :func:`alacarte.fit` sets it).
-        num_dims: input dimension ``d``.
-        ard: one lengthscale per input (``True``) or one for all (``False``).
-        likelihood: a ``GaussianLikelihood`` (default: a new one).
-
-    Example:
-        >>> import torch
-        >>> from alacarte import ExactRBFGP, fit
-        >>> generator = torch.Generator().manual_seed(0)
-        >>> x = torch.rand(200, 3, generator=generator) * 4 - 2
-        >>> f = torch.sin(2 * x[:, 0])                # only the first input matters
-        >>> y = f + 0.1 * torch.randn(200, generator=generator)
-        >>> model = ExactRBFGP(None, None, num_dims=3, ard=True)
-        >>> history = fit(model, x, y, max_iter=30, restarts=0)
-        >>> bool((model.predict(x).mean - f).square().mean().sqrt() < 0.1)
-        True
-        >>> lengthscale = model.covar_module.base_kernel.lengthscale.squeeze(0)
-        >>> bool((lengthscale[1:] > 10 * lengthscale[0]).all())
-        True
-    """
-
-    def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False,
-                 likelihood: GaussianLikelihood | None = None):
-        super().__init__(train_x, train_y, likelihood, num_dims)
-        self.covar_module = ScaleKernel(_RBFKernel(ard_num_dims=num_dims if ard else None))
-        self._strategy_parameters: list[Tensor] | None = None  # what prediction_strategy was computed from
-
-    def __call__(self, *args, **kwargs):
-        # GPyTorch keeps an ExactGP's prediction cache (K⁻¹y, a root of K⁻¹) until .train(): a model
-        # queried, then given a new noise or lengthscale in eval mode, predicted with the old mean.
-        if self.training:
-            return super().__call__(*args, **kwargs)
-        if self.prediction_strategy is not None and not self._unchanged_since(getattr(self, "_strategy_parameters",
-                                                                                       None)):
-            self._clear_cache()
-        cached = self.prediction_strategy is not None
-        output = super().__call__(*args, **kwargs)
-        if not cached and self.prediction_strategy is not None:
-            self._strategy_parameters = self._parameter_snapshot()
-        return output
-
-    def forward(self, x: Tensor) -> MultivariateNormal:
-        return MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-    def _apply(self, fn):
-        # GPyTorch's ExactGP converts its training data here but keeps its prediction cache (K⁻¹y and
-        # a root of K⁻¹ in the old dtype and device): a model that predicted in float32 failed to
-        # predict after .double() ("expected m1 and m2 to have the same dtype").
-        self._clear_cache()
-        return super()._apply(fn)
-
-    def inference_settings(self) -> contextlib.AbstractContextManager:
-        # Exact baselines stay exact: Cholesky rather than CG/Lanczos at every size.
-        stack = contextlib.ExitStack()
-        stack.enter_context(gpytorch.settings.max_cholesky_size(10**6))
-        stack.enter_context(gpytorch.settings.fast_computations(False, False, False))
-        return stack
-
-    def _chunk_rows(self) -> int:
-        # GPyTorch evaluates a chunk's test–test covariance (rows × rows) beside its rows × n cross-covariance,
-        # even for the mean alone: rows·(n + rows) numbers within the budget (32 MiB / 8n rows alone made the
-        # test block of n = 200 training rows 20 971 × 20 971, 3.5 GB).
-        n = self.train_inputs[0].shape[0]
-        numbers = _CHUNK_BYTES // 8
-        return max(1, (math.isqrt(n * n + 4 * numbers) - n) // 2)
-
-    def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
-        try:
-            with gpytorch.settings.debug(False):  # else GPyTorch warns when x equals the training inputs
-                dist = self(x)
-            return dist.mean, None if mean_only else dist.variance
-        except (NotPSDError, NanError) as err:  # as a FeatureGP's A that cannot be factorised: a ValueError
-            raise NotPositiveDefiniteError(
-                f"K + σ²I of the training inputs cannot be factorised at this model's hyperparameters ({err})"
-            ) from None

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._chunks import RowTally, holds_chunks, is_array, read_rows
 from ._validation import as_tensor, check_inputs, check_learnable_targets, check_positive_int, check_targets
 from .mll import WoodburyMarginalLogLikelihood
 from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics
@@ -105,21 +106,6 @@ def rows_per_chunk(num_features: int, num_dims: int, itemsize: int, memory_budge
             f"{fixed + 64 * per_row} bytes"
         )
     return int((memory_budget - fixed) // per_row)
-
-
-def _is_array(value) -> bool:
-    return isinstance(value, (Tensor, np.ndarray))
-
-
-def _holds_chunks(x) -> bool:
-    """Whether ``x`` is (x, y) chunks — a DataLoader or a list of array pairs — rather than rows.
-
-    A chunk's parts hold rows (ndim ≥ 1); a pair of 0-d tensors is a row of two columns
-    (``list(zip(a, b))`` of 1-D tensors), which fit takes as ordinary in-memory x."""
-    return isinstance(x, torch.utils.data.DataLoader) or (
-        isinstance(x, (list, tuple)) and len(x) > 0 and isinstance(x[0], (tuple, list)) and len(x[0]) == 2
-        and all(_is_array(part) and part.ndim > 0 for part in x[0])
-    )
 
 
 class ChunkedData:
@@ -174,11 +160,11 @@ class ChunkedData:
         if statistics_dtype is not None and statistics_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"statistics_dtype must be torch.float32 or torch.float64, got {statistics_dtype!r}")
         self.statistics_dtype = statistics_dtype
-        self.last_pass: _RowTally | None = None
+        self.last_pass: RowTally | None = None
         self.group = group
         self.distributed = distributed or group is not None
         if y is None:
-            if _is_array(x):
+            if is_array(x):
                 raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
             if not isinstance(x, Iterable):
                 raise ValueError(f"x must be an array or a re-iterable of (x, y) chunks, got {type(x).__name__}")
@@ -189,11 +175,11 @@ class ChunkedData:
                 )
             self._x, self._y = x, None
         else:
-            if _holds_chunks(x):
+            if holds_chunks(x):
                 raise ValueError("x holds (x, y) chunks, which carry the targets: pass y=None")
-            if not _is_array(x):
+            if not is_array(x):
                 x = as_tensor(x, "x")
-            if not _is_array(y):
+            if not is_array(y):
                 y = as_tensor(y, "y")
             for name, value in (("x", x), ("y", y)):
                 if isinstance(value, np.ndarray) and not np.issubdtype(value.dtype, np.number):
@@ -241,18 +227,18 @@ class ChunkedData:
     def chunks(self, model) -> Iterator[tuple[Tensor, Tensor]]:
         """(x_c, y_c) in original units, validated, in the model's dtype and device.
 
-        A complete pass over a source of (x, y) chunks leaves its :class:`_RowTally`
+        A complete pass over a source of (x, y) chunks leaves its :class:`RowTally`
         in ``last_pass`` (arrays are read the same way every time: ``None``)."""
         rows = self.rows(model)
         dtype, device = model.input_offset.dtype, model.input_offset.device
         seen = 0
-        tally = _RowTally(model.num_dims, device) if self._y is None else None
+        tally = RowTally(model.num_dims, device) if self._y is None else None
         for x_src, y_src, offset in self._raw_chunks():
             for start in range(0, len(x_src), rows):
                 stop = min(start + rows, len(x_src))
                 where = f"rows {offset + start}–{offset + stop - 1}"
-                x_c = check_inputs(_read(x_src, start, stop, "x", dtype, device), f"x ({where})", model.num_dims)
-                y_c = check_targets(_read(y_src, start, stop, "y", dtype, device), x_c.shape[0], f"y ({where})")
+                x_c = check_inputs(read_rows(x_src, start, stop, "x", dtype, device), f"x ({where})", model.num_dims)
+                y_c = check_targets(read_rows(y_src, start, stop, "y", dtype, device), x_c.shape[0], f"y ({where})")
                 seen += x_c.shape[0]
                 if tally is not None:
                     tally.add(x_c, y_c)
@@ -261,7 +247,7 @@ class ChunkedData:
             raise ValueError("the data yielded no rows")
         self.last_pass = tally
 
-    def other_rows_since(self, earlier: _RowTally | None) -> bool:
+    def other_rows_since(self, earlier: RowTally | None) -> bool:
         """Whether the last complete pass read other rows than the one that left ``earlier``."""
         return earlier is not None and not earlier.matches(self.last_pass)
 
@@ -384,46 +370,6 @@ class ChunkedData:
         mean = torch.where(spread == 0, peaks[0], mean + shift * unit)
         dtype = model.input_offset.dtype
         return mean[:-1].to(dtype), std[:-1].to(dtype), mean[-1].to(dtype), std[-1].to(dtype)
-
-
-class _RowTally:
-    """Row count and float64 column sums (and sums of magnitudes) of [x, y] over one pass:
-    the same for the same rows in any order and batching, to round-off."""
-
-    # The same rows summed in another order agree to ~(number of additions)·ε·Σ|v|; 1e-10 leaves
-    # room for a million chunks and still sees a row changed by more than 1e-10 of its column's Σ|v|.
-    TOLERANCE = 1e-10
-
-    def __init__(self, num_dims: int, device):
-        self.rows = 0
-        self.sums = torch.zeros(2, num_dims + 1, dtype=torch.float64, device=device)
-
-    def add(self, x: Tensor, y: Tensor) -> None:
-        columns = torch.cat([x, y.unsqueeze(-1)], -1).to(torch.float64)
-        self.rows += columns.shape[0]
-        self.sums[0] += columns.sum(0)
-        self.sums[1] += columns.abs().sum(0)
-
-    def matches(self, other: _RowTally | None) -> bool:
-        if other is None or other.rows != self.rows:
-            return False
-        scale = torch.maximum(self.sums[1], other.sums[1])
-        # equal sums match also where they overflowed (inf, or NaN from +inf and −inf)
-        same = (self.sums == other.sums) | (self.sums.isnan() & other.sums.isnan())
-        return bool((same | ((self.sums - other.sums).abs() <= self.TOLERANCE * scale)).all())
-
-
-def _read(source, start: int, stop: int, name: str, dtype: torch.dtype, device) -> Tensor:
-    """Rows start:stop of a tensor or (memory-mapped) array, copied into a tensor."""
-    if isinstance(source, Tensor):
-        part = source[start:stop]
-    elif isinstance(source, np.ndarray):
-        part = source[start:stop]  # a memmap reads only these rows
-        if not part.flags.writeable:  # read-only maps: torch wants memory it may write
-            part = np.array(part)
-    else:
-        part = source if (start, stop) == (0, len(source)) else source[start:stop]
-    return as_tensor(part, name, dtype, device)
 
 
 def _model_terms(model, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -614,6 +560,6 @@ def is_streamed_input(x, y, *options) -> bool:
     """Whether :func:`alacarte.fit` should stream: chunked/memory-mapped input, or a streaming option given."""
     if isinstance(x, ChunkedData) or isinstance(x, np.memmap) or isinstance(y, np.memmap):
         return True
-    if any(option is not None for option in options) or _holds_chunks(x):  # (chunks and a y: refused there)
+    if any(option is not None for option in options) or holds_chunks(x):  # (chunks and a y: refused there)
         return True
-    return y is None and not _is_array(x) and not isinstance(x, numbers.Number)
+    return y is None and not is_array(x) and not isinstance(x, numbers.Number)

@@ -41,11 +41,16 @@ html_theme = "alabaster"
 html_static_path = []
 
 
+def _private(cls: type) -> bool:
+    """A class named ``_…`` or defined in a module named ``_…``: it has no page."""
+    return any(part.startswith("_") for part in [*cls.__module__.split("."), cls.__name__])
+
+
 def _public_bases(app, name, obj, options, bases):
-    """Show a private base class (``_StandardizedGP``, ``_RFFNetBase``) as its first public ancestor:
-    the private one has no page, so "Bases:" would name a class the reader cannot look up."""
+    """Show a private base class (``StandardizedGP`` of ``alacarte._standardized``, ``_RFFNetBase``) as its
+    first public ancestor: the private one has no page, so "Bases:" would name a class the reader cannot look up."""
     for i, base in enumerate(bases):
-        while isinstance(base, type) and base.__name__.startswith("_") and base.__bases__:
+        while isinstance(base, type) and _private(base) and base.__bases__:
             base = base.__bases__[0]
         bases[i] = base
 

@@ -31,7 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import alacarte.training as training  # noqa: E402
+import alacarte.training._stages as stages  # noqa: E402
 from alacarte import fit, load_uci  # noqa: E402
 from alacarte._checkpoint import FitCheckpoint, data_fingerprint, model_fingerprint  # noqa: E402
 from alacarte.bench.settings import mixture_components, model_name, package_version  # noqa: E402
@@ -57,16 +57,16 @@ def timed_fit(data, method: str, max_iter: int, checkpoint: str | None, interval
 
     model = build(method, *data.x_train.shape)
     FitCheckpoint.save = timed_save
-    default_interval = training._CHECKPOINT_INTERVAL
+    default_interval = stages.CHECKPOINT_INTERVAL
     if interval is not None:
-        training._CHECKPOINT_INTERVAL = interval
+        stages.CHECKPOINT_INTERVAL = interval
     try:
         start = time.perf_counter()
         history = fit(model, data.x_train, data.y_train, max_iter=max_iter, checkpoint=checkpoint, **PROTOCOL)
         seconds = time.perf_counter() - start
     finally:
         FitCheckpoint.save = save
-        training._CHECKPOINT_INTERVAL = default_interval
+        stages.CHECKPOINT_INTERVAL = default_interval
     size = os.path.getsize(checkpoint) if checkpoint else 0
     return seconds, history.loss[-1], len(writes), sum(writes), size
 

@@ -2,7 +2,7 @@
 
 1. **Float32 check.** ``fit`` evaluates a float32 FeatureGP's final loss once more in
    float64 arithmetic and warns when the two differ by more than 0.01 per point
-   (``alacarte.training._FLOAT32_LOSS_TOLERANCE``).  For each fit below (split 0;
+   (``alacarte.training._diagnostics.FLOAT32_LOSS_TOLERANCE``).  For each fit below (split 0;
    D = 1024 features and the benchmark's protocol, 5 restarts × 15 L-BFGS iterations
    then 100, except a last PWL fit with one lengthscale (``pwl-iso``, the kernel's
    default; ``"pwl"`` is ARD), D = 256 and 2 × 5 then 50, which in float32 follows
@@ -11,7 +11,7 @@
    arithmetic (their gap is what the check compares with 0.01), whether it warned,
    the check's seconds against the fit's, and both fits' test RMSE.
 2. **Row tally.** A streamed fit over a source of ``(x, y)`` chunks sums each
-   pass's rows (``_RowTally``) to check that the statistics and gradient passes
+   pass's rows (``RowTally``) to check that the statistics and gradient passes
    read the same rows.  Its seconds per pass against one streamed loss + gradient
    evaluation, FSARD D = 1024 on SE1 rows, float64.
 
@@ -91,17 +91,17 @@ def _rmse(model, x, y) -> float:
 def _float32_row(dataset: str, kind: str, protocol: tuple[int, int, int, int]) -> dict:
     import torch
 
-    from alacarte.training import _own_and_float64_losses, _warn_if_float32_loss_is_off
+    from alacarte.training._diagnostics import own_and_float64_losses, warn_if_float32_loss_is_off
 
     x, y, x_test, y_test = _data(dataset)
     model, history, warned = _fit(kind, protocol, x, y, torch.float32)
     x32, y32 = model.train_inputs[0], model.train_targets  # standardised, as fit's check sees them
 
-    loss32, loss64 = _own_and_float64_losses(model, x32, y32)  # what fit's check compares, per point
+    loss32, loss64 = own_and_float64_losses(model, x32, y32)  # what fit's check compares, per point
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        _warn_if_float32_loss_is_off(model, x32, y32)
+        warn_if_float32_loss_is_off(model, x32, y32)
     check_seconds = time.perf_counter() - start
     model.eval()
     model64, _, _ = _fit(kind, protocol, x, y, torch.float64)
@@ -117,7 +117,8 @@ def _tally_row(n: int, chunk_rows: int) -> dict:
     import torch
 
     from alacarte.factory import make_model
-    from alacarte.streaming import ChunkedData, _RowTally, streamed_negative_mll
+    from alacarte._chunks import RowTally
+    from alacarte.streaming import ChunkedData, streamed_negative_mll
 
     x, y, _ = ac.datasets.make_se1(n, seed=0)
     chunks = [(torch.as_tensor(x[i:i + chunk_rows]), torch.as_tensor(y[i:i + chunk_rows]))
@@ -128,7 +129,7 @@ def _tally_row(n: int, chunk_rows: int) -> dict:
     start = time.perf_counter()
     streamed_negative_mll(model, data)
     evaluation = time.perf_counter() - start
-    tally = _RowTally(x.shape[1], "cpu")
+    tally = RowTally(x.shape[1], "cpu")
     start = time.perf_counter()
     for xs, ys in chunks:
         tally.add(xs, ys)

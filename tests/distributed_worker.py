@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import alacarte.distributed as ad  # noqa: E402
-import alacarte.training as tr  # noqa: E402
+import alacarte.training._optimization as optimization  # noqa: E402
+import alacarte.training._stages as stages  # noqa: E402
 from alacarte._checkpoint import saved_progress  # noqa: E402
 from alacarte.streaming import ChunkedData, streamed_negative_mll  # noqa: E402
 from streaming_case import AugmentedChunks, make_case  # noqa: E402
@@ -41,8 +42,8 @@ def resume_from_checkpoint(x, y, path: str) -> dict:
     model = make_case()[2]
     ad.fit(model, x, y, **settings)
     result = {"reference": {k: v.clone() for k, v in model.state_dict().items()}}
-    tr._CHECKPOINT_INTERVAL = 0.0
-    evaluate, calls = tr._negative_mll, [0]
+    stages.CHECKPOINT_INTERVAL = 0.0
+    evaluate, calls = optimization.negative_mll, [0]
 
     def killed_at_the_sixth(*args, **kwargs):
         calls[0] += 1
@@ -50,13 +51,13 @@ def resume_from_checkpoint(x, y, path: str) -> dict:
             raise Killed
         return evaluate(*args, **kwargs)
 
-    tr._negative_mll = killed_at_the_sixth
+    optimization.negative_mll = killed_at_the_sixth
     try:
         ad.fit(make_case()[2], x, y, checkpoint=path, **settings)
     except Killed:
         result["killed"] = True
     finally:
-        tr._negative_mll = evaluate
+        optimization.negative_mll = evaluate
     result["saved_stage"] = saved_progress(path)["stage"]
     model = make_case()[2]
     ad.fit(model, x, y, checkpoint=path, **settings)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import alacarte.training as training
+import alacarte.training._optimization as optimization
+import alacarte.training._stages as training_stages
 from alacarte import FeatureGP, FSARDKernel, fit
 from alacarte.factory import make_model
 from alacarte._checkpoint import saved_progress
@@ -28,7 +29,7 @@ def _data(n=120, noise=0.1):
 
 def _fit(build, x, y, kill_at=None, **settings):
     """(model, history, evaluations of the likelihood); raises Killed at evaluation ``kill_at``."""
-    evaluate, calls = training._negative_mll, [0]
+    evaluate, calls = optimization.negative_mll, [0]
 
     def counted(*args, **kwargs):
         calls[0] += 1
@@ -37,11 +38,11 @@ def _fit(build, x, y, kill_at=None, **settings):
         return evaluate(*args, **kwargs)
 
     model = build()
-    training._negative_mll = counted
+    optimization.negative_mll = counted
     try:
         history = fit(model, x, y, progress=False, **settings)
     finally:
-        training._negative_mll = evaluate
+        optimization.negative_mll = evaluate
     return model, history, calls[0]
 
 
@@ -77,7 +78,7 @@ def test_a_fit_killed_anywhere_resumes_bit_for_bit(case, tmp_path, monkeypatch):
     reference = _fit(build, x, y, **settings)
     if noise == 0.0:
         assert reference[1].noise_refit_loss is not None  # the case reaches the refit stage
-    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
+    monkeypatch.setattr(training_stages, "CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
     evaluations = reference[2]
     stages, repeated = set(), []
     for kill_at in np.linspace(2, evaluations, 7).astype(int):
@@ -94,7 +95,7 @@ def test_a_fit_killed_anywhere_resumes_bit_for_bit(case, tmp_path, monkeypatch):
         assert finished[1].seconds == resumed[1].seconds
     assert {"restart", "final"} <= stages
     # It went on from the checkpoint, not from the start: at most an iteration is run again.
-    assert 0 <= min(repeated) and max(repeated) <= training._LBFGS_MAX_EVAL + 2, repeated
+    assert 0 <= min(repeated) and max(repeated) <= optimization.LBFGS_MAX_EVAL + 2, repeated
     if noise == 0.0:
         assert "refit" in stages
 
@@ -112,7 +113,7 @@ def test_a_fit_killed_at_any_evaluation_keeps_its_convergence_count_and_failure(
     build = lambda: make_model("gm", 4, num_samples=16)  # noqa: E731
     settings = dict(max_iter=40, restarts=0, tolerance=1e-2 if ending == "converges" else 0.0)
     if ending == "fails twice":
-        loss = training._Optimization._loss
+        loss = optimization.Optimization._loss
 
         def poisoned(self, backward):
             value = loss(self, backward)  # (counted: a kill may come first)
@@ -120,7 +121,7 @@ def test_a_fit_killed_at_any_evaluation_keeps_its_convergence_count_and_failure(
                 raise NotPSDError("the factorisation broke")
             return value
 
-        monkeypatch.setattr(training._Optimization, "_loss", poisoned)
+        monkeypatch.setattr(optimization.Optimization, "_loss", poisoned)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         reference = _fit(build, x, y, **settings)
@@ -128,7 +129,7 @@ def test_a_fit_killed_at_any_evaluation_keeps_its_convergence_count_and_failure(
         assert reference[1].converged and len(reference[1].loss) < settings["max_iter"]
     else:
         assert len(reference[1].loss) == 5 and "training stopped after 5 iterations" in str(caught[-1].message)
-    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)
+    monkeypatch.setattr(training_stages, "CHECKPOINT_INTERVAL", 0.0)
     saved = []  # (calm, failed) of the checkpoint each resumed fit starts from
     for kill_at in range(max(2, reference[2] - 15), reference[2] + 1):  # the iterations before the end
         path = tmp_path / f"killed-at-{kill_at}.ckpt"
@@ -288,11 +289,11 @@ KILLED_FIT = """
 import sys, numpy as np, torch
 torch.set_num_threads(1)
 sys.path.insert(0, {tests!r})
-import alacarte.training as training
+import alacarte.training._stages as training_stages
 from test_checkpoint import _data, SIGKILL_SETTINGS
 from alacarte import fit
 from alacarte.factory import make_model
-training._CHECKPOINT_INTERVAL = 0.0
+training_stages.CHECKPOINT_INTERVAL = 0.0
 x, y = _data(n=300)
 fit(make_model("fsard", 4, num_samples=64), x, y, progress=False, checkpoint={path!r}, **SIGKILL_SETTINGS)
 """
@@ -344,7 +345,7 @@ def _mid_run_checkpoint(tmp_path, monkeypatch, **settings):
     """The bytes of a checkpoint saved during the final optimisation, and the fit's arguments."""
     from alacarte._checkpoint import FitCheckpoint
 
-    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)
+    monkeypatch.setattr(training_stages, "CHECKPOINT_INTERVAL", 0.0)
     saved, save = [], FitCheckpoint.save
 
     def keep(self, progress):

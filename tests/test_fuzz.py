@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import alacarte as ac
 import alacarte.datasets.uci as uci
-import alacarte.training as training
+import alacarte.training._stages as stages
 from alacarte import AlaCarteRegressor
 from alacarte._checkpoint import SIGNATURE, FitCheckpoint
 from alacarte._records import KERNEL_CLASSES
@@ -342,8 +342,8 @@ def checkpoints(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz-checkpoints")
     x, y = _data(n=25, d=2)
     saved, save = [], FitCheckpoint.save
-    interval = training._CHECKPOINT_INTERVAL
-    training._CHECKPOINT_INTERVAL = 0.0
+    interval = stages.CHECKPOINT_INTERVAL
+    stages.CHECKPOINT_INTERVAL = 0.0
     fits = [dict(optimizer="lbfgs", simplex=False), dict(optimizer="adam", simplex=True),
             dict(optimizer="lbfgs", simplex=False, validation_fraction=0.4)]
     try:
@@ -361,7 +361,7 @@ def checkpoints(tmp_path_factory):
                        **SETTINGS, **options)
     finally:
         FitCheckpoint.save = save
-        training._CHECKPOINT_INTERVAL = interval
+        stages.CHECKPOINT_INTERVAL = interval
     return saved, (x, y)
 
 

@@ -8,18 +8,18 @@ import pytest
 import torch
 
 import alacarte as ac
-from alacarte import training
+from alacarte.training import _optimization as optimization
 from alacarte.datasets import make_se1
 from alacarte.factory import make_model
 
 
 def counted_fit(monkeypatch, name, cache=True, **settings):
     calls = itertools.count()
-    loss = training._Optimization._loss
-    monkeypatch.setattr(training._Optimization, "_loss", lambda self, backward: (next(calls), loss(self, backward))[1])
+    loss = optimization.Optimization._loss
+    monkeypatch.setattr(optimization.Optimization, "_loss", lambda self, backward: (next(calls), loss(self, backward))[1])
     if not cache:  # every point a new one: the evaluations of earlier steps are never found
         fresh = itertools.count()
-        monkeypatch.setattr(training._Optimization, "_parameter_key", lambda self: str(next(fresh)).encode())
+        monkeypatch.setattr(optimization.Optimization, "_parameter_key", lambda self: str(next(fresh)).encode())
     x, y, _ = make_se1(2000, seed=0)
     model = make_model(name, 18, num_samples=128, seed=0)
     history = ac.fit(model, x, y, progress=False, validation_fraction=0, **settings)

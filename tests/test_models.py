@@ -280,7 +280,7 @@ def test_the_posterior_for_prediction_sums_its_statistics_over_chunks_of_trainin
         rows.append(inputs.shape[-2])
         return features(inputs)
 
-    with mock.patch("alacarte.models._CHUNK_BYTES", 64 * 3 * 32 * 8), \
+    with mock.patch("alacarte._standardized.CHUNK_BYTES", 64 * 3 * 32 * 8), \
          mock.patch.object(model.covar_module, "features", side_effect=recording_features):
         chunked = model.posterior()
         assert rows == [64, 64, 64, 8]
@@ -328,7 +328,7 @@ def test_chunked_predictions_keep_no_chunk_results_while_the_next_chunks_are_com
             alive.append(live.count(rows))
             return features(inputs)
 
-        with _LiveTensors() as live, mock.patch("alacarte.models._CHUNK_BYTES", rows * 3 * 32 * 8), \
+        with _LiveTensors() as live, mock.patch("alacarte._standardized.CHUNK_BYTES", rows * 3 * 32 * 8), \
              mock.patch.object(gp.covar_module, "features", counting_features):
             result = call()
         assert len(alive) == 28 and max(alive) <= 2, alive  # this chunk's inputs, not every chunk's results so far
@@ -349,7 +349,7 @@ def test_exact_prediction_chunks_bound_the_test_by_test_block():
     x_test = toy_data(n=3000, seed=3)[0]
     budget = 8 * 50 * 1000  # bytes: 1000 rows of the cross-covariance alone
     whole = model.predict(x_test)
-    with mock.patch("alacarte.models._CHUNK_BYTES", budget):
+    with mock.patch("alacarte._standardized.CHUNK_BYTES", budget):
         for mean_only in (True, False):
             with _LargestTensor() as largest:
                 chunked = model.predict(x_test, mean_only=mean_only)
@@ -533,10 +533,10 @@ def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
     x = −0.1 (no decrease).  Torch's default evaluation budget for max_iter=1 leaves the line
     search none, so it stays at 0.1 for ever (fits "converged" where they had stalled); ours
     must backtrack to the minimum."""
-    from alacarte.training import _make_optimizer
+    from alacarte.training._optimization import make_optimizer
 
     x = torch.tensor([0.1], dtype=torch.float64, requires_grad=True)
-    opt = _make_optimizer([x], "lbfgs", None)
+    opt = make_optimizer([x], "lbfgs", None)
 
     def closure():
         opt.zero_grad()
@@ -705,7 +705,7 @@ def test_a_fit_that_ends_with_the_noise_at_its_lower_bound_warns_and_counts_repe
     with pytest.warns(RuntimeWarning, match="lower bound .* repeat 7 rows"):
         history = fit(model, x, y, max_iter=50, restarts=0, progress=False, validation_fraction=0)
     # The refit from a larger noise was tried, went no lower, and was dropped.
-    assert history.noise_refit_loss >= float(alacarte.training._current_loss(model, *model.train_inputs,
+    assert history.noise_refit_loss >= float(alacarte.training.current_loss(model, *model.train_inputs,
                                                                              model.train_targets))
     assert model.likelihood.noise.item() < 2e-4
     noisy = y + 0.3 * torch.randn(len(y), generator=gen, dtype=torch.float64)
@@ -729,9 +729,9 @@ def test_a_fit_stalled_at_the_noise_lower_bound_is_refitted_from_a_larger_noise(
         history = fit(model, x, y, max_iter=100, restarts=0, progress=False, validation_fraction=0)
         fit(reference, x, y, max_iter=100, restarts=0, progress=False, validation_fraction=0)
     x_std, y_std = model.train_inputs[0], model.train_targets  # the reference's too: the same standardisation
-    final = alacarte.training._current_loss(model, x_std, y_std)
+    final = alacarte.training.current_loss(model, x_std, y_std)
     assert history.noise_refit_loss == pytest.approx(final)  # the refit was kept
-    assert final < alacarte.training._current_loss(reference, x_std, y_std) + 0.05
+    assert final < alacarte.training.current_loss(reference, x_std, y_std) + 0.05
     assert 0.5 < model.likelihood.noise.item() / reference.likelihood.noise.item() < 2
 
 
@@ -983,7 +983,7 @@ def test_function_samples_are_evaluated_in_bounded_chunks_of_rows():
         rows.append(inputs.shape[-2])
         return features(inputs)
 
-    with mock.patch("alacarte.models._CHUNK_BYTES", 32 * 8 * 3 * 64), \
+    with mock.patch("alacarte._standardized.CHUNK_BYTES", 32 * 8 * 3 * 64), \
          mock.patch.object(draws._model.covar_module, "features", side_effect=recording_features):
         chunked = draws(x_test)
     assert max(rows) == 64 and sum(rows) == 1000

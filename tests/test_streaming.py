@@ -105,9 +105,9 @@ def test_a_second_pass_over_other_rows_is_refused():
     # a loss without gradient reads the data once: nothing to compare
     assert torch.isfinite(streamed_negative_mll(model, ChunkedData(dropping), backward=False))
     assert _streamed_loss_and_grads(model, ChunkedData(AugmentedChunks(x, y, 0.0)))[0].isfinite()
-    from alacarte.streaming import _RowTally  # the same rows whose column sums overflow still match
+    from alacarte._chunks import RowTally  # the same rows whose column sums overflow still match
 
-    huge = _RowTally(1, "cpu")
+    huge = RowTally(1, "cpu")
     huge.add(torch.tensor([[1e308], [1e308], [-1e308], [-1e308]], dtype=torch.float64), torch.zeros(4))
     assert not huge.sums.isfinite().all() and huge.matches(huge)
 
@@ -197,7 +197,7 @@ def test_a_streamed_fit_initialises_the_mean_and_noise_from_all_targets(monkeypa
     from those rows too: with rows sorted by y (a time series, a file sorted by its target) the
     streamed fit started at constant −0.568 (standardised; 3.76 unstandardised), the in-memory fit
     at 0 (5.01)."""
-    import alacarte.training
+    import alacarte.training._stages as stages
 
     starts = []
 
@@ -205,8 +205,8 @@ def test_a_streamed_fit_initialises_the_mean_and_noise_from_all_targets(monkeypa
         initialize(model, *args, **kwargs)
         starts.append((float(model.mean_module.constant.detach()), float(model.likelihood.noise.detach())))
 
-    initialize = alacarte.training.initialize
-    monkeypatch.setattr(alacarte.training, "initialize", recorded)
+    initialize = stages.initialize
+    monkeypatch.setattr(stages, "initialize", recorded)
     rng = np.random.default_rng(0)
     x = torch.as_tensor(rng.normal(size=(15_000, 2)))
     y = 3 * torch.sin(x[:, 0]) + x[:, 1] + 5

@@ -832,7 +832,8 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
     row and deletes the checkpoint."""
     from threadpoolctl import threadpool_limits
 
-    import alacarte.training as training
+    import alacarte.training._optimization as optimization
+    import alacarte.training._stages as training_stages
     from alacarte.bench import runner
     from alacarte.bench.settings import cell_settings
     from alacarte.cli import build_parser
@@ -842,7 +843,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
                                       "--num-samples", "16", "--restarts", "1", "--restart-iter", "3", "--max-iter",
                                       "12", "--workers", "1", "--data", str(SHARED), "--csv", str(path), "-q"])
     cfg = cell_settings(args)
-    evaluate, calls = training._negative_mll, [0]
+    evaluate, calls = optimization.negative_mll, [0]
 
     class Killed(Exception):
         pass
@@ -857,8 +858,8 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
         calls[0] = 0
         return runner._run_cell(("yacht", 0, "gm", settings)), calls[0]
 
-    monkeypatch.setattr(training, "_negative_mll", counted)
-    monkeypatch.setattr(training, "_CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
+    monkeypatch.setattr(optimization, "negative_mll", counted)
+    monkeypatch.setattr(training_stages, "CHECKPOINT_INTERVAL", 0.0)  # save at every iteration
     dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
     (tmp_path / "elsewhere").mkdir()
     try:

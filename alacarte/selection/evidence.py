@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..training import _negative_mll, fit
+from ..training import fit, negative_mll
 
 if TYPE_CHECKING:
     from ..models import FeatureGP
@@ -67,7 +67,7 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     costs = torch.zeros(kernel.num_dims, dtype=torch.float64)
     model.train()
     with model.inference_settings():
-        base = float(_negative_mll(model, x, y, backward=False)[0])
+        base = float(negative_mll(model, x, y, backward=False))
         try:
             for j in torch.nonzero(pi.reshape(-1) > 0).reshape(-1).tolist():
                 trial = pi.clone()
@@ -79,7 +79,7 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
                 kernel.simplex_weights.copy_(trial / kept)
                 if learn:  # the others keep their γ
                     kernel.simplex_size = size * kept
-                costs[j] = (float(_negative_mll(model, x, y, backward=False)[0]) - base) * len(y)
+                costs[j] = (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
         finally:
             kernel.simplex_weights.copy_(pi)
             if learn:

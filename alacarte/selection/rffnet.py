@@ -46,7 +46,7 @@ from .._validation import check_real, column_standardization, float64_targets, u
 
 __all__ = ["RFFNetRegressor", "RFFNetClassifier"]
 
-_PREDICT_CHUNK = 4096  # rows per block at prediction: bounds the n×s buffer
+PREDICT_CHUNK = 4096  # rows per block at prediction: bounds the n×s buffer
 
 
 def default_num_features(n: int) -> int:
@@ -72,9 +72,9 @@ class _RFFNetParameters:
     def decision(self, x: Tensor) -> Tensor:
         """f(x), evaluated in blocks of rows."""
         out = torch.empty(x.shape[0], dtype=x.dtype)
-        for start in range(0, x.shape[0], _PREDICT_CHUNK):
-            block = x[start:start + _PREDICT_CHUNK]
-            out[start:start + _PREDICT_CHUNK] = torch.cos(self.projections(block)) @ self.beta * self.scale + self.intercept
+        for start in range(0, x.shape[0], PREDICT_CHUNK):
+            block = x[start:start + PREDICT_CHUNK]
+            out[start:start + PREDICT_CHUNK] = torch.cos(self.projections(block)) @ self.beta * self.scale + self.intercept
         return out
 
     def snapshot(self) -> tuple[Tensor, Tensor, Tensor]:

@@ -12,7 +12,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
 from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
-from .rffnet import _PREDICT_CHUNK
+from .rffnet import PREDICT_CHUNK
 from ..ops.simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
@@ -388,6 +388,6 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         # In blocks of rows, as RFFNet predicts: the features of all m rows at once are m×D (at m = 160 000
         # and D = 300 the peak memory grew by 743 MB, more than fitting on 40 000 rows took).
         out = np.empty(X.shape[0])
-        for start in range(0, X.shape[0], _PREDICT_CHUNK):
-            out[start : start + _PREDICT_CHUNK] = self._features(X[start : start + _PREDICT_CHUNK]) @ self.output_weights_
+        for start in range(0, X.shape[0], PREDICT_CHUNK):
+            out[start : start + PREDICT_CHUNK] = self._features(X[start : start + PREDICT_CHUNK]) @ self.output_weights_
         return out + self.intercept_

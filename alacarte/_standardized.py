@@ -1,0 +1,238 @@
+"""The base of alacarte's GP models: an ``ExactGP`` that standardises its inputs and targets and
+predicts in chunks of rows, in the targets' original units."""
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import NamedTuple
+
+import torch
+from gpytorch.likelihoods import GaussianLikelihood
+from gpytorch.means import ConstantMean
+from gpytorch.models import ExactGP
+from torch import Tensor
+
+from ._validation import (
+    as_tensor,
+    check_inputs,
+    check_positive_int,
+    check_scales_finite,
+    check_targets,
+    robust_std,
+)
+from .mll import homoskedastic_noise
+
+__all__ = ["CHUNK_BYTES", "Prediction", "StandardizedGP", "into_rows", "shifted_mean"]
+
+# Rows per prediction chunk are chosen so that one chunk's largest intermediates take about this much.
+CHUNK_BYTES = 32 * 2**20
+
+
+class Prediction(NamedTuple):
+    """Predictive moments in the targets' original units, each of shape ``(*batch, m)`` for m test points.
+
+    ``variance`` (latent f*) and ``observed_variance`` (y* = f* + noise) are
+    ``None`` when only the mean was asked for.
+    """
+
+    mean: Tensor
+    variance: Tensor | None
+    observed_variance: Tensor | None
+
+
+def into_rows(out: Tensor | None, part: Tensor, start: int, total: int) -> Tensor:
+    """Write ``part`` (..., rows) into ``out[..., start:start + rows]``, making ``out`` (..., total) if ``None``."""
+    if out is None:
+        out = part.new_empty(*part.shape[:-1], total)
+    out[..., start : start + part.shape[-1]] = part
+    return out
+
+
+def shifted_mean(t: Tensor) -> Tensor:
+    """Column means (dim 0) summed as deviations from the column's midrange: a constant column's mean is its
+    value exactly (sixty rows of 1e50 summed plainly give 9.999999999999999e49, and the "constant" column
+    then standardises to ±1e34), and a nearly constant one's is accurate to its spread's round-off."""
+    middle = t.amax(0) / 2 + t.amin(0) / 2  # (halved first: the sum of two values near ±1.7e308 overflows)
+    return middle + (t - middle).mean(0)
+
+
+
+class StandardizedGP(ExactGP):
+    """ExactGP plus affine input/target standardisation kept in buffers."""
+
+    def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
+        num_dims = check_positive_int(num_dims, "num_dims")
+        likelihood = likelihood if likelihood is not None else GaussianLikelihood()
+        if type(likelihood) is not GaussianLikelihood:
+            raise ValueError(
+                "alacarte models need a homoskedastic gpytorch.likelihoods.GaussianLikelihood (one noise "
+                f"variance σ², trained or fixed), got {type(likelihood).__name__}"
+            )
+        if train_x is not None:
+            train_x = check_inputs(as_tensor(train_x, "train_x"), "train_x", num_dims)
+            train_y = check_targets(as_tensor(train_y, "train_y", train_x.dtype), train_x.shape[0], "train_y")
+        super().__init__(train_x, train_y, likelihood)
+        self.num_dims = num_dims
+        self.mean_module = ConstantMean()
+        self.register_buffer("input_offset", torch.zeros(num_dims))
+        self.register_buffer("input_scale", torch.ones(num_dims))
+        self.register_buffer("target_offset", torch.zeros(()))
+        self.register_buffer("target_scale", torch.ones(()))
+
+    # -- units --------------------------------------------------------------------------
+    def standardize(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Set the transformation from data (mean 0, std 1 per column) and apply it.
+
+        A constant column (max = min) is only centred: its computed std can be
+        round-off (0.1s give ~1e-17), and dividing by it would make an O(1) input."""
+        x_offset, y_offset = shifted_mean(x), shifted_mean(y)
+        # (of the deviations, which are exact: torch's std of the values themselves centres them on a plain sum)
+        x_scale = robust_std(x - x_offset, 0) if x.shape[0] > 1 else torch.ones_like(x[0])
+        y_scale = robust_std(y - y_offset) if y.shape[0] > 1 else torch.ones_like(y[0])
+        x_scale = x_scale.masked_fill(x.amax(0) == x.amin(0), 0.0)  # 0 → scale 1 below
+        y_scale = y_scale.masked_fill(y.amax() == y.amin(), 0.0)
+        self.set_standardization(x_offset, x_scale, y_offset, y_scale)
+        return self.internal_inputs(x), (y - self.target_offset) / self.target_scale
+
+    @torch.no_grad()
+    def set_standardization(self, input_offset: Tensor, input_scale: Tensor, target_offset: Tensor,
+                            target_scale: Tensor) -> None:
+        """Set the affine transformation x ↦ (x − offset)/scale (constant columns keep scale 1)."""
+        check_scales_finite(input_offset, input_scale, "x")
+        check_scales_finite(target_offset, target_scale, "y")
+        self.input_offset.copy_(input_offset)
+        self.input_scale.copy_(torch.where(input_scale > 0, input_scale, torch.ones_like(input_scale)))
+        self.target_offset.copy_(target_offset)
+        self.target_scale.copy_(target_scale if target_scale > 0 else torch.ones_like(target_scale))
+
+    def internal_inputs(self, x: Tensor) -> Tensor:
+        return (x - self.input_offset) / self.input_scale
+
+    def internal_query_inputs(self, x) -> Tensor:
+        """Test inputs (original units, validated) in the internal units, where they must stay finite."""
+        x, _ = self.check_data(x)
+        inner = self.internal_inputs(x)
+        overflowed = ~torch.isfinite(inner).all(-1)
+        if bool(overflowed.any()):
+            rows = overflowed.nonzero().flatten()[:5].tolist()
+            raise ValueError(f"x rows {rows} (first 5 shown) overflow to inf once standardised with the training "
+                             "data's scales: they lie too far outside the training data")
+        return inner
+
+    @staticmethod
+    def refuse_overflowed_rows(values: Tensor) -> None:
+        """A ValueError naming the test rows (the last axis of ``values``) whose prediction is NaN.
+
+        Inputs that stay finite once standardised can still overflow the kernel's arithmetic (ω·x of
+        a feature kernel, a squared distance): cos(inf) is NaN, which was returned as a prediction.
+        (inf is let through: a variance in units of 1e200² is beyond float64, not wrong.)"""
+        bad = torch.isnan(values).reshape(-1, values.shape[-1]).any(0)
+        if bool(bad.any()):
+            rows = bad.nonzero().flatten()[:5].tolist()
+            raise ValueError(f"x rows {rows} (first 5 shown) give NaN predictions: they lie too far outside the "
+                             "training data for the kernel's arithmetic (ω·x or a squared distance overflows)")
+
+    def _model_dtype(self) -> torch.dtype:
+        return self.input_offset.dtype
+
+    def check_data(self, x, y=None) -> tuple[Tensor, Tensor | None]:
+        """Validate and convert user data (original units) to the model's dtype/device."""
+        dtype, device = self._model_dtype(), self.input_offset.device
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"alacarte models compute in float32 or float64, this one is {dtype}: call model.float() "
+                             "or model.double()")
+        x = check_inputs(as_tensor(x, "x", dtype, device), "x", self.num_dims)
+        if y is not None:
+            y = check_targets(as_tensor(y, "y", dtype, device), x.shape[0], "y")
+        return x, y
+
+    def inference_settings(self) -> contextlib.AbstractContextManager:
+        """GPyTorch settings under which the model is trained and queried."""
+        return contextlib.nullcontext()
+
+    # -- prediction ---------------------------------------------------------------------
+    def _parameter_snapshot(self) -> list[Tensor]:
+        """Copies of the parameters and buffers a prediction cache is computed from."""
+        return [t.detach().clone() for t in itertools.chain(self.parameters(), self.buffers())]
+
+    def _unchanged_since(self, snapshot: list[Tensor] | None) -> bool:
+        """Whether every parameter and buffer still holds the values in ``snapshot``.
+
+        Values, not version counters: ``model.likelihood.noise = v`` writes through ``.data``."""
+        if snapshot is None:
+            return False
+        current = list(itertools.chain(self.parameters(), self.buffers()))
+        return len(current) == len(snapshot) and all(
+            a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and torch.equal(a.detach(), b)
+            for a, b in zip(current, snapshot)
+        )
+
+    def _has_data(self) -> bool:
+        return self.train_inputs is not None
+
+    def _chunk_rows(self) -> int:
+        """Rows per prediction chunk: about :data:`CHUNK_BYTES` of the chunk's largest intermediates."""
+        return self._rows_within(CHUNK_BYTES)
+
+    def _rows_within(self, budget: int) -> int:
+        """Rows of a prediction chunk whose largest intermediates take about ``budget`` bytes."""
+        raise NotImplementedError
+
+    def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def predict(self, x, *, mean_only: bool = False, chunk_size: int | None = None) -> Prediction:
+        """Predictive mean and variances at ``x`` (original units), in chunks of rows.
+
+        Memory is bounded by the chunk size whatever the number of test points.
+
+        Args:
+            x: test inputs (m, d), tensor or array.
+            mean_only: skip the variances (cheaper).
+            chunk_size: rows per chunk; default: about 32 MiB of a chunk's features (FeatureGP)
+                or of its covariance with the training rows (ExactRBFGP).
+
+        Returns:
+            The :class:`~alacarte.models.Prediction` (mean, variance, observed_variance).
+
+        Raises:
+            ValueError: if the model has no training data (nor, for a FeatureGP, a cached
+                posterior), ``x`` has NaN/inf or another number of columns, or a row lies so far
+                outside the training data that its prediction overflows.
+        """
+        if not self._has_data():
+            raise ValueError(
+                "the model has no training data: call alacarte.fit(model, x, y) (or, for a FeatureGP, "
+                "model.cache_posterior(x, y)) first"
+            )
+        inner = self.internal_query_inputs(x)
+        if chunk_size is not None:
+            check_positive_int(chunk_size, "chunk_size")
+        was_training = self.training
+        self.eval()
+        try:
+            with self.inference_settings():
+                rows = chunk_size or self._chunk_rows()
+                mean, variance = None, None
+                for start in range(0, inner.shape[0], rows):
+                    chunk = self._predict_internal(inner[start : start + rows], mean_only)
+                    # Written into the outputs and dropped, not kept for a torch.cat: every chunk's small
+                    # results, kept while the next chunks' large features came and went, fragmented glibc's
+                    # heap, and the peak memory grew with m after all (+670 MB at m = 160 000 with 512
+                    # features; +84 MB so).
+                    mean = into_rows(mean, chunk[0], start, inner.shape[0])
+                    variance = None if mean_only else into_rows(variance, chunk[1], start, inner.shape[0])
+                    del chunk
+        finally:
+            self.train(was_training)
+        # Test points are the last axis; a batched kernel's leading axes are its batch.
+        mean = mean * self.target_scale + self.target_offset
+        self.refuse_overflowed_rows(mean)
+        if mean_only:
+            return Prediction(mean, None, None)
+        scale2 = self.target_scale**2
+        variance = variance * scale2
+        self.refuse_overflowed_rows(variance)
+        noise = homoskedastic_noise(self.likelihood) * scale2
+        return Prediction(mean, variance, variance + noise.unsqueeze(-1))

@@ -1,0 +1,13 @@
+"""The training entry point: maximise the marginal likelihood with L-BFGS or Adam.
+
+:func:`fit` runs its stages (:mod:`alacarte.training._fit`): restarts, the final optimisation
+and the refit from a larger noise (:mod:`alacarte.training._stages`), each an optimisation that
+can be saved between iterations and resumed (:mod:`alacarte.training._optimization`), and
+reports them in a :class:`FitHistory`.
+"""
+from ._diagnostics import noise_at_bound
+from ._fit import fit
+from ._history import FitHistory
+from ._optimization import current_loss, marginal_log_likelihood, negative_mll
+
+__all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
