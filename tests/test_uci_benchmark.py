@@ -761,6 +761,29 @@ def test_the_report_prints_the_papers_values_as_the_paper_prints_them(tmp_path):
     assert any(line.startswith("| parkinsons | 0.12 (fsard) | 0.00 (GM) |") for line in text.splitlines()), text
 
 
+def test_the_report_opens_with_a_summary_of_exact_ard_our_best_kernel_and_the_papers_best(tmp_path):
+    """Before the table of every configuration: per dataset exact ARD's RMSE (NLPD), the lowest mean RMSE
+    among the À la carte kernels' columns (whichever setting), and the paper's best, in five columns."""
+    import argparse
+
+    from alacarte.bench import append_row, report
+
+    path = tmp_path / "rows.csv"
+    for split in (0, 1):
+        append_row(path, _ok_row(split=split, method="exact-ard", rmse=0.2 + split * 0.02, nlpd=-0.5))
+        append_row(path, _ok_row(split=split, method="gm", rmse=0.15, nlpd=-0.3))
+        append_row(path, _ok_row(split=split, method="pwl", rmse=0.1 + split * 0.02, nlpd=0.7))
+        append_row(path, _ok_row(split=split, method="fsard", rmse=0.13, restarts=3))
+        append_row(path, _ok_row(split=split, method="ssgpr", rmse=0.01))  # not an À la carte kernel
+    text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| dataset"))
+    assert lines[start] == ("| dataset (n train) | exact ARD: RMSE (NLPD) | best À la carte kernel | its RMSE (NLPD) "
+                            "| paper's best RMSE |")
+    assert lines[start + 2] == "| yacht (277) | 0.21 (-0.5) | pwl | 0.11 (0.7) | 0.12 (PWL) |", lines[start + 2]
+    assert start < next(i for i, line in enumerate(lines) if line.startswith("| dataset | n train"))
+
+
 def test_a_report_without_paper_columns_is_a_well_formed_table(tmp_path):
     import argparse
 
