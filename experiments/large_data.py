@@ -9,7 +9,7 @@ defaults (``AlaCarteRegressor(kernel)``: D = 2·256 features, restarts, 20% of t
 The CPU time of the slower of the two (``time.process_time``, one torch thread, so other load on
 the machine does not count), capped at ``--max-budget``, is the budget that SGPR and SVGP then
 train for, each checking the clock after every optimiser step; HistGradientBoostingRegressor
-runs at its defaults.  Every contestant is scored by ``alacarte.benchmark.predictive_scores`` on
+runs at its defaults.  Every contestant is scored by ``alacarte.bench.predictive_scores`` on
 the test rows in the targets' original units (NLPD of a new observation, noise included).
 
 One fsync'ed CSV row per (dataset, split, contestant), appended as it finishes: a re-run skips
@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
-from alacarte.benchmark import package_version, predictive_scores  # noqa: E402
+from alacarte.bench import package_version, predictive_scores  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 CONTESTANTS = ("alacarte-gm", "alacarte-fsard", "sgpr", "svgp", "hgb")
