@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from ._files import refuse_unwritable
 from ._validation import check_nonnegative_int, check_positive_int, check_seed
-from .factory import KERNEL_NAMES
+from .factory import EXACT_GP_ROWS, KERNEL_NAMES, exact_gp_cost
 from .holdout import check_fraction
 from .kernels import FeatureKernel
 
@@ -204,6 +204,8 @@ def _fit(args: argparse.Namespace) -> int:
     x, y = table[:, [names.index(c) for c in columns]], table[:, names.index(args.target)]
     out = check_model_path(args.out if args.out else Path(args.data).with_suffix(".alacarte"))  # before the fit
     _refuse_overwriting_inputs(out, args.data)
+    if args.kernel.startswith("exact") and len(y) > EXACT_GP_ROWS:
+        print(f"alacarte: note: {exact_gp_cost(len(y))}", file=sys.stderr)
     reg = AlaCarteRegressor(
         args.kernel, num_samples=args.num_samples, num_components=args.num_components, max_iter=args.max_iter,
         restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed, progress=not args.quiet,
@@ -418,17 +420,30 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns:
         The command's exit status (0 on success; ``bench run`` returns 1 if a cell failed),
-        or 2 after a ``ValueError``, ``OSError`` or ``ImportError``, printed as one line
-        ``alacarte: error: ...`` on stderr.  A usage error exits (``SystemExit(2)``) as
-        argparse does.
+        or 2 after a ``ValueError``, ``OSError``, ``ImportError`` or an allocation that failed
+        (out of memory), printed as one line ``alacarte: error: ...`` on stderr.  A usage error
+        exits (``SystemExit(2)``) as argparse does.  ``fit`` with an exact GP on more than
+        :data:`~alacarte.factory.EXACT_GP_ROWS` rows says what it will cost before it starts.
     """
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, OSError, ImportError) as err:  # ImportError: an optional extra (matplotlib) missing
+    except (ValueError, OSError, ImportError, MemoryError, RuntimeError) as err:
+        # (ImportError: an optional extra, matplotlib, missing.)  torch reports an allocation that failed as a
+        # RuntimeError; any other RuntimeError is a bug, whose traceback is wanted.
+        if isinstance(err, RuntimeError) and not _out_of_memory(err):
+            raise
         message = " ".join(str(err).split())  # one line, whatever the exception text holds
+        if isinstance(err, MemoryError) or _out_of_memory(err):
+            message = f"out of memory ({message or type(err).__name__}): use fewer rows or features, or a feature kernel"
         print(f"alacarte: error: {message}", file=sys.stderr)
         return 2
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """Whether torch failed to allocate (CPU: "can't allocate memory"; CUDA: "out of memory")."""
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,19 @@ from .kernels import (
 from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
-__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "make_model", "default_dtype", "floating_state"]
+__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "exact_gp_cost", "make_model", "default_dtype",
+           "floating_state"]
+
+#: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
+#: (the command line says so before it starts one).
+EXACT_GP_ROWS = 5_000
+
+
+def exact_gp_cost(rows: int) -> str:
+    """What an exact GP on ``rows`` rows costs, in a sentence a user reads before it starts."""
+    gigabytes = 8 * rows**2 / 1e9
+    return (f"an exact GP on {rows} rows holds {rows}×{rows} matrices ({gigabytes:.1f} GB each in float64) and "
+            f"costs O(n³) per iteration; a feature kernel (e.g. fsard, gm) costs O(nD²)")
 
 # The named feature kernels: name → (class, its keyword arguments for d inputs and num_components).
 # The one list of them: model files may name these classes (alacarte._records) and no others.

@@ -393,3 +393,49 @@ def test_predict_and_plot_refuse_an_unwritable_out_before_the_work(fitted, out, 
         err = capsys.readouterr().err
         assert err.startswith("alacarte: error: ") and err.count("\n") == 1
         assert "does not exist" in err or "is a directory" in err or "Permission denied" in err
+
+
+def test_an_exact_gp_on_many_rows_says_what_it_costs_before_it_starts(tmp_path, capsys, monkeypatch):
+    import alacarte.cli as cli
+
+    monkeypatch.setattr(cli, "EXACT_GP_ROWS", 30)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, size=(40, 2))
+    y = np.sin(x[:, 0]) + 0.1 * rng.normal(size=40)
+    data = write_csv(tmp_path / "d.csv", ["a", "b", "y"], np.column_stack([x, y]))
+    assert main(["fit", data, "--target", "y", "--kernel", "exact-ard", "--out", str(tmp_path / "m.alacarte"),
+                 *SMALL]) == 0
+    err = capsys.readouterr().err
+    assert "alacarte: note: an exact GP on 40 rows holds 40×40 matrices (0.0 GB each in float64)" in err
+    assert "O(n³) per iteration" in err
+    main(["fit", data, "--target", "y", "--kernel", "fsard", "--out", str(tmp_path / "f.alacarte"), *SMALL])
+    assert "note" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. "
+                                                               "DefaultCPUAllocator: can't allocate memory: you "
+                                                               "tried to allocate 1800000000 bytes.\nError code 12")])
+def test_running_out_of_memory_is_a_one_line_error(error, fitted, capsys, monkeypatch):
+    from alacarte.regressor import AlaCarteRegressor
+
+    def fail(self, x, y):
+        raise error
+
+    monkeypatch.setattr(AlaCarteRegressor, "fit", fail)
+    tmp, _, _, _, _ = fitted
+    assert main(["fit", str(tmp / "data.csv"), "--target", "y", "--out", str(tmp / "oom.alacarte"), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("alacarte: error: out of memory (") and err.count("\n") == 1
+    assert "use fewer rows or features, or a feature kernel" in err
+
+
+def test_another_runtime_error_keeps_its_traceback(fitted, monkeypatch):
+    from alacarte.regressor import AlaCarteRegressor
+
+    def fail(self, x, y):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(AlaCarteRegressor, "fit", fail)
+    tmp, _, _, _, _ = fitted
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["fit", str(tmp / "data.csv"), "--target", "y", "--out", str(tmp / "bug.alacarte"), *SMALL])
