@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import json
 import math
 import sys
@@ -302,26 +303,40 @@ def _add_demo(commands, common) -> None:
     demo.set_defaults(run=_demo)
 
 
+def _estimator_defaults() -> dict:
+    """The defaults of :class:`~alacarte.AlaCarteRegressor`, which ``alacarte fit`` runs: stated once, there."""
+    from .regressor import AlaCarteRegressor
+
+    return {name: p.default for name, p in inspect.signature(AlaCarteRegressor).parameters.items()}
+
+
 def _add_fit(commands, common) -> None:
     cmd = commands.add_parser("fit", parents=[common], help="fit a GP to a CSV file and save it",
                               description="Fit an AlaCarteRegressor to DATA.csv (a header row, numeric cells) "
                                           "and save it as one model file.")
     cmd.add_argument("data", help="CSV file with a header row")
     cmd.add_argument("--target", required=True, help="name of the column to predict; all others are inputs")
-    cmd.add_argument("--kernel", default="gm", choices=KERNEL_NAMES, help="kernel (default gm)")
+    default = _estimator_defaults()
+    cmd.add_argument("--kernel", default=default["kernel"], choices=KERNEL_NAMES,
+                     help=f"kernel (default {default['kernel']})")
     cmd.add_argument("--out", help="model file to write (default: DATA with suffix .alacarte)")
-    cmd.add_argument("--num-samples", type=int, default=256, help="frequencies M (D = 2M features; default 256)")
-    cmd.add_argument("--num-components", type=int, default=4, help="mixture components of gm/pwl (default 4)")
-    cmd.add_argument("--max-iter", type=int, default=100,
-                     help="L-BFGS iterations of the final optimisation (default 100; as many again for a refit "
-                          "when the noise ends at the lower bound)")
-    cmd.add_argument("--restarts", type=int, default=5, help="random initialisations tried first (default 5)")
-    cmd.add_argument("--restart-iter", type=int, default=15, help="iterations per restart (default 15)")
-    cmd.add_argument("--seed", type=int, default=0, help="seed of the features and restarts (default 0)")
-    cmd.add_argument("--validation-fraction", type=fraction, default="auto",
+    cmd.add_argument("--num-samples", type=int, default=default["num_samples"],
+                     help=f"frequencies M (D = 2M features; default {default['num_samples']})")
+    cmd.add_argument("--num-components", type=int, default=default["num_components"],
+                     help=f"mixture components of gm/pwl (default {default['num_components']})")
+    cmd.add_argument("--max-iter", type=int, default=default["max_iter"],
+                     help=f"L-BFGS iterations of the final optimisation (default {default['max_iter']}; as many "
+                          "again for a refit when the noise ends at the lower bound)")
+    cmd.add_argument("--restarts", type=int, default=default["restarts"],
+                     help=f"random initialisations tried first (default {default['restarts']})")
+    cmd.add_argument("--restart-iter", type=int, default=default["restart_iter"],
+                     help=f"iterations per restart (default {default['restart_iter']})")
+    cmd.add_argument("--seed", type=int, default=default["random_state"],
+                     help=f"seed of the features and restarts (default {default['random_state']})")
+    cmd.add_argument("--validation-fraction", type=fraction, default=default["validation_fraction"],
                      help="share of the rows held out to stop the fit before it over-fits and to calibrate the "
-                          "predictive intervals (default auto: 0.2 for feature kernels, 0 for exact GPs; "
-                          "0: the marginal likelihood of all rows, as in the paper)")
+                          f"predictive intervals (default {default['validation_fraction']}: 0.2 for feature "
+                          "kernels, 0 for exact GPs; 0: the marginal likelihood of all rows, as in the paper)")
     cmd.set_defaults(run=_fit)
 
 

@@ -439,3 +439,17 @@ def test_another_runtime_error_keeps_its_traceback(fitted, monkeypatch):
     tmp, _, _, _, _ = fitted
     with pytest.raises(RuntimeError, match="a bug"):
         main(["fit", str(tmp / "data.csv"), "--target", "y", "--out", str(tmp / "bug.alacarte"), *SMALL])
+
+
+def test_fit_takes_its_defaults_from_the_estimator():
+    import inspect
+
+    from alacarte import AlaCarteRegressor
+    from alacarte.cli import build_parser
+
+    args = build_parser().parse_args(["fit", "data.csv", "--target", "y"])
+    estimator = {name: p.default for name, p in inspect.signature(AlaCarteRegressor).parameters.items()}
+    flags = {"kernel": "kernel", "num_samples": "num_samples", "num_components": "num_components",
+             "max_iter": "max_iter", "restarts": "restarts", "restart_iter": "restart_iter", "seed": "random_state",
+             "validation_fraction": "validation_fraction"}
+    assert {flag: getattr(args, flag) for flag in flags} == {flag: estimator[name] for flag, name in flags.items()}
