@@ -1,0 +1,91 @@
+"""How stable the simplex-ARD GP's selection is over feature draws: one SRFF problem, several seeds.
+
+Each seed draws its own Fastfood features and restarts (the data stay one draw) and runs
+:func:`alacarte.selection.selection_frequency`'s fit and :func:`~alacarte.selection.select_inputs`
+with the settings of ``experiments/selection_benchmark.py``'s ``gp-simplex-fsard``.  One JSON line
+per seed is appended as it finishes (a rerun skips the seeds it holds); ``report`` prints the
+per-input frequency.
+
+    python experiments/selection_stability.py run --problem se2 --n 5000 --seeds 0 1 2 3 4 \
+        --out experiments/results/selection_stability.jsonl
+    python experiments/selection_stability.py report experiments/results/selection_stability.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import alacarte as ac
+from alacarte.datasets.synthetic import make_se1, make_se2, make_se3
+from alacarte.selection import selection_frequency
+
+PROBLEMS = {"se1": make_se1, "se2": make_se2, "se3": make_se3}
+
+
+def run(args) -> None:
+    x, y, relevant = PROBLEMS[args.problem](args.n, seed=0)
+    out = Path(args.out)
+    done = {json.loads(line)["seed"] for line in out.read_text().splitlines() if line.strip()} if out.exists() else set()
+    d = x.shape[1]
+
+    def build(seed):
+        return ac.FeatureGP(None, None, ac.FSARDKernel(d, 128, ard_num_dims=d, simplex=True, seed=seed).double()).double()
+
+    for seed in args.seeds:
+        if seed in done:
+            continue
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            found = selection_frequency(build, x, y, seeds=[seed], max_iter=100, restarts=2, restart_iter=10)
+        row = {"problem": args.problem, "n": args.n, "seed": seed, "relevant": list(relevant),
+               "selected": found.selections[0].tolist(), "seconds": round(time.perf_counter() - start, 1),
+               "threads": torch.get_num_threads()}
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(row, flush=True)
+
+
+def report(args) -> None:
+    rows = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line.strip()]
+    for (problem, n) in dict.fromkeys((r["problem"], r["n"]) for r in rows):
+        cell = [r for r in rows if (r["problem"], r["n"]) == (problem, n)]
+        relevant = set(cell[0]["relevant"])
+        counts: dict[int, int] = {}
+        for r in cell:
+            for j in r["selected"]:
+                counts[j] = counts.get(j, 0) + 1
+        exact = sum(set(r["selected"]) == relevant for r in cell)
+        print(f"{problem} n = {n}: {len(cell)} feature draws, exact relevant set on {exact}; "
+              f"median {np.median([r['seconds'] for r in cell]):.0f} s a draw")
+        print("| input | relevant | kept on |")
+        print("|---:|---|---:|")
+        for j in sorted(counts, key=lambda j: (-counts[j], j)):
+            print(f"| {j} | {'yes' if j in relevant else 'no'} | {counts[j]} of {len(cell)} |")
+        missing = sorted(relevant - set(counts))
+        if missing:
+            print(f"\nRelevant inputs never kept: {missing}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    go = sub.add_parser("run")
+    go.add_argument("--problem", choices=sorted(PROBLEMS), default="se2")
+    go.add_argument("--n", type=int, default=5000)
+    go.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    go.add_argument("--out", required=True)
+    show = sub.add_parser("report")
+    show.add_argument("results")
+    args = parser.parse_args()
+    run(args) if args.command == "run" else report(args)
+
+
+if __name__ == "__main__":
+    main()
