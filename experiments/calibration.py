@@ -8,13 +8,15 @@
 ``run`` fits each (dataset, split, method) with ``alacarte.fit``'s defaults (restarts, max_iter)
 and 20% of the training rows held out (``--validation-fraction``; 0 is the À la carte paper's
 protocol: the marginal likelihood of all rows alone) and appends one fsync'ed row per fit, so a
-killed run resumes.
-``report`` averages over splits.  ``--paper-protocol`` adds the NLPD and RMSE that the UCI
+killed run resumes.  GM and PWL get ``--num-components`` components: by default make_model's (the
+estimator's and the command line's), ``auto`` the benchmark runner's rule (2 below 600 training rows).
+``report`` averages over splits; where several CSVs hold the same cell, the last one given wins.  ``--paper-protocol`` adds the NLPD and RMSE that the UCI
 runner recorded for the same cells under the paper's protocol (its rows with D = 2·num_samples).
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import sys
 import time
@@ -33,6 +35,7 @@ from alacarte.factory import make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
+SHIPPED_COMPONENTS = inspect.signature(make_model).parameters["num_components"].default
 FIELDS = ["dataset", "split", "method", "validation_fraction", "num_features", "n_train", "rmse", "nlpd",
           "coverage50", "coverage95", "std_over_rmse", "noise", "held_out_rows", "iterations", "seconds", "version"]
 
@@ -41,7 +44,8 @@ def run_cell(dataset: str, split: int, method: str, args) -> dict:
     data = ac.load_uci(dataset, split, args.data)
     n, d = data.x_train.shape
     kind = model_name(method, n)
-    model = make_model(kind, d, num_samples=args.num_samples, num_components=mixture_components("auto", n),
+    components = args.num_components if args.num_components == "auto" else int(args.num_components)
+    model = make_model(kind, d, num_samples=args.num_samples, num_components=mixture_components(components, n),
                        seed=split)
     start = time.perf_counter()
     with warnings.catch_warnings():
@@ -84,7 +88,7 @@ def _mean(values) -> float:
 
 
 def report(args) -> str:
-    rows = [r for path in args.csv for r in read_rows(path)]
+    rows = list({_key(r): r for path in args.csv for r in read_rows(path)}.values())  # later files win
     cells = defaultdict(lambda: defaultdict(list))  # (dataset, method) -> metric -> values
     splits = defaultdict(set)
     for r in rows:
@@ -167,6 +171,8 @@ def main(argv=None) -> None:
     r.add_argument("--methods", nargs="+", default=["exact-ard", "fsard", "fsgbard", "gm", "pwl"])
     r.add_argument("--splits", default="0-2")
     r.add_argument("--num-samples", type=int, default=512)
+    r.add_argument("--num-components", default=str(SHIPPED_COMPONENTS),
+                   help=f"GM/PWL components: a number or auto (default {SHIPPED_COMPONENTS}, make_model's)")
     r.add_argument("--validation-fraction", type=float, default=RECOMMENDED_FRACTION)
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
