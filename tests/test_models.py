@@ -15,7 +15,8 @@ from torch.utils._pytree import tree_flatten
 
 import alacarte
 from alacarte import ExactRBFGP, FeatureGP, FSARDKernel, RandomFourierKernel, WoodburyMarginalLogLikelihood, fit
-from alacarte.streaming import ChunkedData
+from alacarte._chunks import rows_within
+from alacarte.streaming import DEFAULT_MEMORY_BUDGET, ChunkedData
 from alacarte.woodbury import cholesky_with_jitter
 
 
@@ -118,10 +119,50 @@ def test_predict_a_million_points_in_bounded_chunks():
     assert pred.mean.shape == (1_000_000,) and pred.variance is None and pred.observed_variance is None
     training_rows, *test_rows = rows  # the posterior is built once from the 100 training rows
     assert training_rows == 100 and max(test_rows) <= 50_000 and sum(test_rows) == 1_000_000
-    # the default chunk keeps one chunk's features near 32 MiB
-    assert model._chunk_rows() * model.covar_module.num_features * 8 <= 32 * 2**20
+    # the default chunk keeps one chunk's features, their projection and whitened copy within the default budget
+    assert model.chunk_rows() * 3 * model.covar_module.num_features * 8 <= DEFAULT_MEMORY_BUDGET
     ref = model.predict(x_test[:1000])
     assert torch.allclose(pred.mean[:1000], ref.mean, rtol=1e-12, atol=1e-12)
+
+
+def test_predict_honours_the_memory_budget_its_fit_was_given():
+    """fit(memory_budget=b) bounds the model's later predictions by b too, as predict(memory_budget=b)
+    does: no chunk's features have more rows than the policy allows within b, and the chunked
+    predictions are the unchunked ones."""
+    x, y = toy_data(n=300)
+    model = feature_model(m=16)  # D = 32
+    budget = 2**16
+    fit(model, x, y, memory_budget=budget, max_iter=3, restarts=0, progress=False)
+    assert model.memory_budget == budget
+    x_test = toy_data(n=1000, seed=3)[0]
+    whole = model.predict(x_test, chunk_size=len(x_test))
+    allowed = rows_within(budget, 3 * 32 * 8)
+    assert model.chunk_rows() == allowed < 100
+    features, rows = model.covar_module.features, []
+
+    def recording_features(inputs):
+        rows.append(inputs.shape[-2])
+        return features(inputs)
+
+    in_memory = feature_model(m=16)
+    fit(in_memory, x, y, max_iter=3, restarts=0, progress=False)
+    in_memory_whole = in_memory.predict(x_test, chunk_size=len(x_test))
+    for gp, call, reference in ((model, lambda: model.predict(x_test), whole),
+                                (in_memory, lambda: in_memory.predict(x_test, memory_budget=budget), in_memory_whole)):
+        rows.clear()
+        features = gp.covar_module.features
+        with mock.patch.object(gp.covar_module, "features", side_effect=recording_features):
+            chunked = call()
+        assert max(rows) <= allowed and sum(rows) == len(x_test) and len(rows) > 10
+        for a, b in ((chunked.mean, reference.mean), (chunked.variance, reference.variance),
+                     (chunked.observed_variance, reference.observed_variance)):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="not both"):
+        model.predict(x_test, chunk_size=10, memory_budget=budget)
+    with pytest.raises(ValueError, match="memory_budget must be a positive integer"):
+        model.predict(x_test, memory_budget=0)
+    with pytest.raises(ValueError, match="memory_budget=100 bytes is too small"):
+        model.predict(x_test, memory_budget=100)
 
 
 def with_value(t, index, value):
@@ -280,7 +321,7 @@ def test_the_posterior_for_prediction_sums_its_statistics_over_chunks_of_trainin
         rows.append(inputs.shape[-2])
         return features(inputs)
 
-    with mock.patch("alacarte._standardized.CHUNK_BYTES", 64 * 3 * 32 * 8), \
+    with mock.patch.object(model, "memory_budget", 64 * 3 * 32 * 8), \
          mock.patch.object(model.covar_module, "features", side_effect=recording_features):
         chunked = model.posterior()
         assert rows == [64, 64, 64, 8]
@@ -328,7 +369,7 @@ def test_chunked_predictions_keep_no_chunk_results_while_the_next_chunks_are_com
             alive.append(live.count(rows))
             return features(inputs)
 
-        with _LiveTensors() as live, mock.patch("alacarte._standardized.CHUNK_BYTES", rows * 3 * 32 * 8), \
+        with _LiveTensors() as live, mock.patch.object(gp, "memory_budget", rows * 3 * 32 * 8), \
              mock.patch.object(gp.covar_module, "features", counting_features):
             result = call()
         assert len(alive) == 28 and max(alive) <= 2, alive  # this chunk's inputs, not every chunk's results so far
@@ -349,7 +390,7 @@ def test_exact_prediction_chunks_bound_the_test_by_test_block():
     x_test = toy_data(n=3000, seed=3)[0]
     budget = 8 * 50 * 1000  # bytes: 1000 rows of the cross-covariance alone
     whole = model.predict(x_test)
-    with mock.patch("alacarte._standardized.CHUNK_BYTES", budget):
+    with mock.patch.object(model, "memory_budget", budget):
         for mean_only in (True, False):
             with _LargestTensor() as largest:
                 chunked = model.predict(x_test, mean_only=mean_only)
@@ -983,7 +1024,7 @@ def test_function_samples_are_evaluated_in_bounded_chunks_of_rows():
         rows.append(inputs.shape[-2])
         return features(inputs)
 
-    with mock.patch("alacarte._standardized.CHUNK_BYTES", 32 * 8 * 3 * 64), \
+    with mock.patch.object(draws._model, "memory_budget", 32 * 8 * 3 * 64), \
          mock.patch.object(draws._model.covar_module, "features", side_effect=recording_features):
         chunked = draws(x_test)
     assert max(rows) == 64 and sum(rows) == 1000

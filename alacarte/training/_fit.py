@@ -133,7 +133,8 @@ def fit(
         progress: show a progress bar.
         chunk_size: rows per chunk of the streamed likelihood.
         memory_budget: bytes one streamed evaluation may take (default 256 MiB;
-            sets the chunk size; give this or ``chunk_size``).
+            sets the chunk size; give this or ``chunk_size``); the model keeps it as its
+            ``memory_budget``, which bounds each chunk of its predictions too.
         statistics_dtype: accumulate ΦᵀΦ, Φᵀr, rᵀr and the loss in this dtype,
             e.g. ``torch.float64`` for a float32 model: float32 features with
             float64 accuracy of the likelihood.
