@@ -43,10 +43,6 @@ from .kernels import FeatureKernel
 
 __all__ = ["main", "build_parser", "read_table", "COMMANDS"]
 
-# Rows per block when predicting a CSV file (one progress-bar step each).
-_PREDICT_BLOCK = 20_000
-
-
 def _demo(args: argparse.Namespace) -> int:
     from .demo import command
 
@@ -258,8 +254,9 @@ def _predict(args: argparse.Namespace) -> int:
     if args.out:  # before the predictions are computed
         _refuse_overwriting_inputs(_output_path(args.out), args.model, args.data)
     means, stds = [], []
-    for start in tqdm(range(0, len(x), _PREDICT_BLOCK), disable=args.quiet, desc="predict", leave=False):
-        mean, std = reg.predict(x[start:start + _PREDICT_BLOCK], return_std=True, include_noise=not args.latent)
+    block = reg.model_.chunk_rows()  # one chunk of the model's prediction per progress-bar step
+    for start in tqdm(range(0, len(x), block), disable=args.quiet, desc="predict", leave=False):
+        mean, std = reg.predict(x[start:start + block], return_std=True, include_noise=not args.latent)
         means.append(mean)
         stds.append(std)
     mean, std = np.concatenate(means), np.concatenate(stds)
