@@ -453,3 +453,24 @@ def test_fit_takes_its_defaults_from_the_estimator():
              "max_iter": "max_iter", "restarts": "restarts", "restart_iter": "restart_iter", "seed": "random_state",
              "validation_fraction": "validation_fraction"}
     assert {flag: getattr(args, flag) for flag in flags} == {flag: estimator[name] for flag, name in flags.items()}
+
+
+def test_the_estimator_and_bench_run_take_their_defaults_from_make_model_and_fit():
+    import inspect
+
+    from alacarte import AlaCarteRegressor, fit
+    from alacarte.cli import build_parser
+    from alacarte.factory import make_model
+
+    def defaults(function):
+        return {name: p.default for name, p in inspect.signature(function).parameters.items()}
+
+    estimator, model, fitting = defaults(AlaCarteRegressor), defaults(make_model), defaults(fit)
+    assert {name: estimator[name] for name in ("num_samples", "num_components")} == \
+        {name: model[name] for name in ("num_samples", "num_components")}
+    shared = ("max_iter", "restarts", "restart_iter", "optimizer", "validation_fraction")
+    assert {name: estimator[name] for name in shared} == {name: fitting[name] for name in shared}
+    assert estimator["random_state"] == fitting["seed"]
+    args = build_parser().parse_args(["bench", "run", "--datasets", "yacht", "--csv", "out.csv"])
+    assert (args.max_iter, args.restarts, args.restart_iter) == \
+        (fitting["max_iter"], fitting["restarts"], fitting["restart_iter"])
