@@ -164,3 +164,12 @@ def test_docs_build_with_warnings_as_errors_and_no_private_bases(tmp_path):
     built = [name for kind, entries in inventory.items() if kind.startswith("py:") and kind != "py:module"
              for name in entries]
     assert not _undocumented(built)
+
+
+def test_public_surface_is_small():
+    assert set(alacarte.__all__) == {
+        "FeatureKernel", "FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "RandomFourierKernel",
+        "SSGPRKernel", "SpectralMixtureFastfoodKernel", "PiecewiseLinearRadialKernel", "FeatureGP", "ExactRBFGP",
+        "WoodburyMarginalLogLikelihood", "fit", "AlaCarteRegressor", "list_uci", "load_uci",
+        "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier", "DerivativeSelector",
+    }
