@@ -127,7 +127,7 @@ class StandardizedGP(ExactGP):
         """A ValueError naming the test rows (the last axis of ``values``) whose prediction is NaN.
 
         Inputs that stay finite once standardised can still overflow the kernel's arithmetic (ω·x of
-        a feature kernel, a squared distance): cos(inf) is NaN, which was returned as a prediction.
+        a feature kernel, a squared distance): cos(inf) is NaN, which is no prediction to return.
         (inf is let through: a variance in units of 1e200² is beyond float64, not wrong.)"""
         bad = torch.isnan(values).reshape(-1, values.shape[-1]).any(0)
         if bool(bad.any()):

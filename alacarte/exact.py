@@ -22,8 +22,8 @@ class _RBFKernel(RBFKernel):
     """GPyTorch's RBF kernel, whose predictions do not couple the test rows through round-off.
 
     GPyTorch expands ‖a − b‖² = ‖a‖² + ‖b‖² − 2aᵀb about the mean of x1, which for a prediction is
-    the test chunk: one test row far outside the data moved that mean and every other row's distances
-    drowned in cancellation (a row at 1e8 beside [0.5, 0.5, 0.5] moved its mean from 0.409 to −0.483,
+    the test chunk: one test row far outside the data moves that mean and every other row's distances
+    drown in cancellation (a row at 1e8 beside [0.5, 0.5, 0.5] moves its mean from 0.409 to −0.483,
     at 1e10 to 9.11; their posterior covariance from 0.00108 to −0.0141). A cross-covariance is
     centred on the training inputs (x2 there) instead: k(x1, x2) = k(x2, x1)ᵀ. The covariance of
     equal inputs is taken from exact differences in eval mode (test–test blocks, O(m²) anyway); in
@@ -86,7 +86,7 @@ class ExactRBFGP(StandardizedGP):
 
     def __call__(self, *args, **kwargs):
         # GPyTorch keeps an ExactGP's prediction cache (K⁻¹y, a root of K⁻¹) until .train(): a model
-        # queried, then given a new noise or lengthscale in eval mode, predicted with the old mean.
+        # queried, then given a new noise or lengthscale in eval mode, would predict with the old mean.
         if self.training:
             return super().__call__(*args, **kwargs)
         if self.prediction_strategy is not None and not self._unchanged_since(getattr(self, "_strategy_parameters",
@@ -103,7 +103,7 @@ class ExactRBFGP(StandardizedGP):
 
     def _apply(self, fn):
         # GPyTorch's ExactGP converts its training data here but keeps its prediction cache (K⁻¹y and
-        # a root of K⁻¹ in the old dtype and device): a model that predicted in float32 failed to
+        # a root of K⁻¹ in the previous dtype and device): a model that predicted in float32 could not
         # predict after .double() ("expected m1 and m2 to have the same dtype").
         self._clear_cache()
         return super()._apply(fn)

@@ -152,7 +152,7 @@ class FeatureGP(StandardizedGP):
         (internal units, as ``model(x)``); targets ``(f, m)`` give ``f`` fantasies at once.
 
         GPyTorch's version updates the prediction cache of its own eval path, which a
-        FeatureGP does not use (it raised "Call the model on some data first!" whatever
+        FeatureGP does not use (it raises "Call the model on some data first!" whatever
         was called); here the weight posterior is recomputed from the n + m rows.
 
         Args:
@@ -195,7 +195,7 @@ class FeatureGP(StandardizedGP):
     def posterior(self) -> WoodburyPosterior:
         """The weight posterior for the current training data and parameters (cached in eval mode;
         recomputed when a parameter or buffer changed since, e.g. ``model.likelihood.noise = v``)."""
-        # (getattr: a model pickled before the snapshot existed has no such attribute)
+        # (getattr: a model pickled without the snapshot attribute has none)
         if self._posterior is not None and not self._unchanged_since(getattr(self, "_posterior_parameters", None)):
             self._posterior = None
         if self._posterior is None or self.training:
