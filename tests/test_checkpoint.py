@@ -212,10 +212,10 @@ def test_a_checkpoint_of_the_previous_format_is_refused_as_such(tmp_path):
 
 
 def test_a_numpy_integer_setting_resumes_the_fit_of_its_python_integer(tmp_path):
-    """ard_num_dims was stored as given: np.int64(4) (what X.shape arithmetic in numpy gives) stayed a
-    numpy integer, which the model fingerprint skips where it hashes a Python 4, so the very same fit
-    was refused as "the model given to fit differs".  ard_num_dims is now an int, checked like
-    num_dims (4.0 was a TypeError from torch.zeros, True was taken as 1)."""
+    """Stored as given, np.int64(4) (what X.shape arithmetic in numpy gives) would stay a numpy integer,
+    which the model fingerprint skips where it hashes a Python 4, so the very same fit would be refused
+    as "the model given to fit differs".  ard_num_dims is stored as an int, checked like num_dims (4.0
+    would be a TypeError from torch.zeros, True taken as 1)."""
     x, y = _data()
     settings = dict(max_iter=3, restarts=1, restart_iter=2, progress=False)
     path = tmp_path / "fit.ckpt"

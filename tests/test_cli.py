@@ -142,7 +142,7 @@ def test_plot_of_a_model_without_a_spectrum_picture_is_a_clear_error(kernel, mes
 
 
 def test_predict_reads_only_the_models_columns(fitted, tmp_path, capsys):
-    """Other columns are ignored, whatever they hold (an id or a name column used to stop predict)."""
+    """Other columns are ignored, whatever they hold (an id or a name column must not stop predict)."""
     _, model, new, _, _ = fitted
     assert main(["predict", model, new, "-q"]) == 0
     expected = capsys.readouterr().out

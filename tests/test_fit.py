@@ -109,9 +109,9 @@ def test_fit_takes_data_that_require_grad(make, restarts):
 
 
 def test_fit_leaves_torch_global_generator_alone():
-    """fit reset torch's generator to its seed: every kernel built with seed=None after a fit drew the
-    same random features (seeds 1895649597198586619 twice), and torch.randn() after any fit gave 1.5410.
-    Nothing in a fit draws from it, so fits stay reproducible without the reset."""
+    """A fit that reset torch's generator to its seed would make every kernel built with seed=None after a
+    fit draw the same random features (seeds 1895649597198586619 twice), and torch.randn() after any fit
+    give 1.5410. Nothing in a fit draws from it, so fits stay reproducible without the reset."""
     x, y = toy_data(n=60)
     torch.manual_seed(123)
     seeds, losses = [], []
@@ -335,8 +335,8 @@ def test_restarts_leave_the_parameters_a_user_froze_alone(make):
 
 def test_a_step_to_non_finite_parameters_is_undone_not_kept():
     """A finite loss with a NaN gradient (from the 5th evaluation on) steps Adam to NaN parameters. The
-    fit stops there with the last finite parameters (it used to keep the NaN ones and then fail deep
-    inside the Cholesky)."""
+    fit stops there with the last finite parameters (keeping the NaN ones, it would fail deep inside the
+    Cholesky)."""
     x, y = toy_data(n=100, dtype=torch.float32)
     model = FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0)).float()
     calls = [0]
@@ -385,7 +385,7 @@ def test_restarts_of_a_simplex_kernel_with_a_fixed_size_start_from_different_poi
     kernel = FSARDKernel(4, 32, ard_num_dims=4, simplex=True, learn_simplex_size=False, seed=0)
     model = FeatureGP(None, None, kernel).double()
     history = fit(model, x, y, restarts=3, restart_iter=3, max_iter=2, progress=False)
-    assert len(set(history.restart_losses)) == 3  # (all three used to start from uniform π, the same point)
+    assert len(set(history.restart_losses)) == 3  # (not all three from uniform π, the same point)
 
 
 def test_models_refuse_what_they_cannot_train():
@@ -414,8 +414,8 @@ def test_models_refuse_what_they_cannot_train():
 
 @pytest.mark.parametrize("part", ["kernel", "mean", "noise"])
 def test_fit_refuses_a_batch_of_models_by_name(part):
-    """A batch-shaped kernel, mean or noise crashed fit with torch's 'grad can be implicitly created only
-    for scalar outputs' (one loss per member); fit trains one model at a time and now says so."""
+    """A batch-shaped kernel, mean or noise gives one loss per member, which torch cannot back-propagate
+    ('grad can be implicitly created only for scalar outputs'); fit trains one model at a time and says so."""
     x = torch.randn(30, 2, dtype=torch.float64)
     y = torch.sin(x[:, 0])
     batch = torch.Size([2])
@@ -450,9 +450,9 @@ def test_fit_trains_a_mean_of_the_users_own_with_restarts_0(mean):
 
 @pytest.mark.parametrize("mean", ["zero", "linear"])
 def test_restarts_leave_a_mean_of_the_users_own_as_it_is(mean):
-    """The restarts' initialisation set model.mean_module.constant, which a ZeroMean or LinearMean does not
-    have: fit with restarts (the default) raised AttributeError. It now initialises the kernel and the noise
-    and leaves such a mean alone (a ZeroMean stays zero: the targets are standardised)."""
+    """The restarts' initialisation sets model.mean_module.constant where there is one; a ZeroMean or
+    LinearMean has none, so fit with restarts (the default) initialises the kernel and the noise and leaves
+    such a mean alone (a ZeroMean stays zero: the targets are standardised)."""
     x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     y = torch.sin(x[:, 0])
     model = FeatureGP(x, y, FSARDKernel(2, 8, seed=0)).double()

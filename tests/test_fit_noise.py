@@ -132,10 +132,10 @@ def test_a_noise_with_an_upper_bound_is_initialised_and_refitted_inside_it(upper
 
 
 def test_a_noise_with_no_lower_bound_is_initialised_inside_it():
-    """The middle of a LessThan constraint's (-inf, high) was σ² = -inf (7ea2f3c): set_noise put it there
-    (no error), every restart failed at once and fit returned the model with σ² = -inf and no loss; and
-    asked for 0.1 under LessThan(0.05), the setter refused it.  A variance lies in (0, high): kept 1% of
-    it inside, as for an Interval; below that σ² is set as asked, as before."""
+    """The middle of a LessThan constraint's (-inf, high) is σ² = -inf: set there (no error), every restart
+    would fail at once and fit return the model with σ² = -inf and no loss; and asked for 0.1 under
+    LessThan(0.05), the setter would refuse it.  A variance lies in (0, high): kept 1% of it inside, as for
+    an Interval; below that σ² is set as asked."""
     from alacarte.init import set_noise
 
     def model(high):
@@ -155,8 +155,8 @@ def test_a_noise_with_no_lower_bound_is_initialised_inside_it():
 
 
 def test_an_upper_bound_alone_does_not_lift_small_initial_values():
-    """Under an upper bound alone, 85bc5f4 kept initial values 1% of (0, b) inside it at both ends:
-    LessThan(10) lifted σ² = 0.01 var y to 0.1, and ARD lengthscales of ~0.02 (inputs in units of 100)
+    """Under an upper bound alone, keeping initial values 1% of (0, b) inside it at both ends would lift
+    σ² = 0.01 var y to 0.1 under LessThan(10), and ARD lengthscales of ~0.02 (inputs in units of 100)
     all to 0.1, erasing their data-driven differences.  0 bounds nothing there: only b is kept off."""
     from alacarte.init import initialize
 

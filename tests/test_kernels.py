@@ -151,7 +151,7 @@ def test_diag_of_equal_inputs_checks_them_too():
 
 
 def test_inputs_of_another_dtype_than_the_kernel_are_a_clear_error():
-    """GM, PWL, SSGPR and RKS used to fail inside a matmul; the Fastfood ones silently mixed dtypes."""
+    """Unchecked, GM, PWL, SSGPR and RKS fail inside a matmul and the Fastfood ones silently mix dtypes."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(5, 3, dtype=torch.float64)
@@ -195,7 +195,7 @@ def test_simplex_kernels_are_stationary():
 
 
 def test_lengthscale_options_of_kernels_without_one_are_refused():
-    """GM and SSGPR have no lengthscale: GPyTorch's Kernel dropped a lengthscale prior or constraint silently
+    """GM and SSGPR have no lengthscale: GPyTorch's Kernel drops a lengthscale prior or constraint silently
     (named_priors() empty, the fit unregularised), where a prior on a missing outputscale is refused."""
     import gpytorch
 
@@ -288,8 +288,8 @@ def test_fourier_features_take_a_zero_dimensional_scale():
 
 def test_batch_indices_beyond_the_kernels_batch_shape():
     """k(x) for inputs of batch shape (3, 1) and a kernel of batch_shape (2,) is (3, 2, n, n); GPyTorch's lazy
-    kernel tensor indexed [:, 1] indexes the kernel with (:, 1), which for GM reached the component dimension of
-    every parameter (0.6 off, silently) and for PWL failed with a RuntimeError."""
+    kernel tensor indexed [:, 1] indexes the kernel with (:, 1), which for GM would reach the component dimension
+    of every parameter (0.6 off, silently) and for PWL fail with a RuntimeError."""
     from alacarte import PiecewiseLinearRadialKernel, SpectralMixtureFastfoodKernel
 
     batch = torch.Size([2])
@@ -336,9 +336,9 @@ def test_half_precision_kernels_keep_their_signal_variance():
 
 
 def test_features_select_the_active_dims_as_the_kernel_does():
-    """kernel.features(x) fed every column of x to the feature map while kernel(x) took the active_dims ones:
-    for active_dims=[1, 0] ΦΦᵀ was 0.51 away from kernel(x), silently; for [4, 0, 2] and 6 columns it was a
-    ValueError about the width."""
+    """kernel(x) takes the active_dims columns, and so must kernel.features(x): fed every column of x, the
+    feature map's ΦΦᵀ for active_dims=[1, 0] is 0.51 away from kernel(x), silently; for [4, 0, 2] and 6
+    columns it is a ValueError about the width."""
     x = torch.randn(5, 6, dtype=torch.float64)
     for dims in ([1, 0], [4, 0, 2]):
         kernel = FSARDKernel(len(dims), 8, ard_num_dims=len(dims), active_dims=dims, seed=0).double()
@@ -371,8 +371,8 @@ def test_every_kernel_prints_its_size():
 
 def test_indexing_and_expanding_a_batch_kernel_keep_its_active_dims():
     """GPyTorch's Kernel.__getitem__ indexes every buffer, active_dims too: kernel[1] of a kernel with
-    active_dims [4, 0, 2] and batch_shape (2,) had active_dims tensor(0) ('built for 3 input dimensions, got 1';
-    GPyTorch's RBFKernel keeps column 0 silently); expand_batch made them a (3, 3) matrix."""
+    active_dims [4, 0, 2] and batch_shape (2,) would get active_dims tensor(0) ('built for 3 input dimensions,
+    got 1'; GPyTorch's RBFKernel keeps column 0 silently); expand_batch would make them a (3, 3) matrix."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(5, 6, dtype=torch.float64)
@@ -394,7 +394,8 @@ def test_indexing_and_expanding_a_batch_kernel_keep_its_active_dims():
 
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
-    """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""
+    """Second derivatives through the Fastfood projection are right (a wrong double backward is off by Hv's
+    own size, silently)."""
     kernel = FSARDKernel(3, 8, seed=0, strategy=strategy).double()
     x = torch.randn(4, 3, dtype=torch.float64)
     raw = kernel.raw_radius

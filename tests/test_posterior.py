@@ -91,7 +91,7 @@ def test_priors_on_our_constrained_parameters_enter_the_likelihood_and_survive_p
             model.train()
             mll = WoodburyMarginalLogLikelihood(model.likelihood, model)
             losses.append(float(mll(model(x), y).detach()))
-        expected = float(prior.log_prob(torch.tensor(0.7, dtype=torch.float64))) / len(y)  # (prior now float64)
+        expected = float(prior.log_prob(torch.tensor(0.7, dtype=torch.float64))) / len(y)  # (the prior in float64)
         assert losses[0] - losses[1] == pytest.approx(expected, rel=1e-10)
     assert isinstance(kernel.outputscale_prior, gpytorch.priors.GammaPrior)
     clone = pickle.loads(pickle.dumps(kernel))
@@ -327,9 +327,9 @@ def test_get_fantasy_model_conditions_on_the_added_rows_as_gpytorch_does():
 
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
 def test_a_feature_gp_without_training_rows_has_the_prior_posterior(training):
-    """Summing the statistics over chunks of rows (528a68a) left nothing to sum for a model given no rows:
-    eval mode raised TypeError 'reduce() of empty iterable', training mode ValueError 'range() arg 3 must not
-    be zero', where the one product gave the prior (weights 0, A = σ²I)."""
+    """The statistics are summed over chunks of rows, and a model given no rows has none to sum: the sum
+    must still be the prior's (weights 0, A = σ²I), as one product over no rows gives, not TypeError
+    'reduce() of empty iterable' in eval mode nor ValueError 'range() arg 3 must not be zero' in training."""
     x, y = toy_data(n=50)
     model = feature_model(m=16)
     fit(model, x, y, max_iter=3, restarts=0, progress=False)

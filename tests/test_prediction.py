@@ -160,7 +160,7 @@ def test_predict_rejects_bad_inputs():
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 def test_a_finite_input_that_overflows_once_standardised_is_refused_not_spread_as_nan(make):
     """1.7e308 is finite, (1.7e308 − offset)/scale is not: the exact GP's distance code centres a
-    chunk on its mean, so one such row used to turn every other row of the chunk into NaN."""
+    chunk on its mean, so one such row would turn every other row of the chunk into NaN."""
     x, y = toy_data()
     model = make()
     fit(model, x / 10, y, max_iter=2, restarts=0, progress=False)  # input scales 0.2: 1.7e308 / 0.2 = inf
@@ -276,7 +276,7 @@ def test_a_row_that_overflows_the_kernels_arithmetic_is_refused_not_predicted_as
 @pytest.mark.parametrize("x_unit, y_unit", [(1e155, 1.0), (1.0, 1e200), (1e-160, 1e-200)])
 def test_predictions_are_equivariant_to_the_units_far_outside_the_range_squares_survive(make, x_unit, y_unit):
     """Rescaling x and y rescales the predictions and nothing else, even where x² or y² overflow
-    or underflow (a naive standard deviation is then inf or 0: the fit failed, or was silently
+    or underflow (a naive standard deviation is then inf or 0: the fit fails, or is silently
     wrong, scoring R² = 0)."""
     x, y = toy_data(n=60)
     plain, scaled = make(), make()

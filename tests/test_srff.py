@@ -229,8 +229,8 @@ def test_a_constant_input_has_relevance_zero():
     (lambda: AlaCarteRegressor(num_samples=16, max_iter=3, restarts=0, progress=False), None),
 ])
 def test_a_failed_refit_leaves_the_estimator_unfitted(make, refit_error):
-    """A refit that raised used to leave the new data's standardisation with the old coefficients:
-    SRFF predicted [2.35, −0.35, …] for [0.92, 0.08, …], without an error."""
+    """A refit that raises must not leave the new data's standardisation with the old coefficients:
+    SRFF would predict [2.35, −0.35, …] for [0.92, 0.08, …], without an error."""
     x, y = regression_data(n=80)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # DerivativeSelector's: not the point here
@@ -294,10 +294,10 @@ def test_srff_fits_targets_of_huge_magnitude():
 ])
 def test_sklearn_feature_selectors_read_the_relevances(make):
     """SelectFromModel and RFE take coef_ (else feature_importances_) as one weight per input. SRFF's and
-    RFFNet's coef_ were the D random features' output weights: on y = sin(2x₀)x₂ (n = 300, d = 6)
-    SelectFromModel(SRFFRegressor(n_components=6)) kept inputs 1 and 4, where relevance_ ranked 0, 1, 2
-    first (with D ≠ d its mask had D entries), and DerivativeSelector had neither attribute. The
-    relevances are feature_importances_ now."""
+    RFFNet's output weights are one per random feature, not per input: read as coef_ on y = sin(2x₀)x₂
+    (n = 300, d = 6), SelectFromModel(SRFFRegressor(n_components=6)) would keep inputs 1 and 4, where
+    relevance_ ranks 0, 1, 2 first (with D ≠ d its mask would have D entries). The relevances are every
+    selector's feature_importances_, DerivativeSelector's too."""
     from sklearn.feature_selection import RFE, SelectFromModel
 
     x, y = regression_data(n=80)

@@ -312,7 +312,7 @@ def test_streaming_refuses_bad_input(tmp_path):
     with pytest.raises(ValueError, match="set y, chunk_size, memory_budget and statistics_dtype on it"):
         alacarte.fit(model, ChunkedData(x, y), chunk_size=4)
     with pytest.raises(ValueError, match="set y, chunk_size, memory_budget and statistics_dtype on it"):
-        model.cache_posterior(ChunkedData(x, y), chunk_size=-5)  # was silently ignored
+        model.cache_posterior(ChunkedData(x, y), chunk_size=-5)  # not ignored
     # an unbatched DataLoader yields one row at a time, with 0-d targets; plain numbers are no chunks either
     unbatched = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=None)
     with pytest.raises(ValueError, match="y of chunk 0 is a scalar, not a batch of rows"):

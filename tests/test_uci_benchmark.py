@@ -745,8 +745,8 @@ def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(t
 
 
 def test_the_report_prints_the_papers_values_as_the_paper_prints_them(tmp_path):
-    """Trailing zeros are digits: the paper's FSARD 2.00 ± 0.38 on airfoil used to read "2 ± 0.38",
-    its 3.97 ± 2.54 on concreteslump "3.97 ± 2.5", and parkinsons' best "0 (GM)" in the goal table."""
+    """Trailing zeros are digits: the paper's FSARD 2.00 ± 0.38 on airfoil must not read "2 ± 0.38",
+    its 3.97 ± 2.54 on concreteslump "3.97 ± 2.5", nor parkinsons' best "0 (GM)" in the goal table."""
     import argparse
 
     from alacarte.bench import append_row, report
@@ -800,8 +800,8 @@ def test_a_report_without_paper_columns_is_a_well_formed_table(tmp_path):
 
 def test_a_result_delivered_before_its_budget_ran_out_is_recorded_as_a_result(tmp_path, monkeypatch):
     """Two cells whose results are both waiting when the runner next looks, after the budget has
-    passed: both are results (the second used to be killed, written as a timeout, and then its own
-    result crashed the runner with a KeyError)."""
+    passed: both are results (not the second killed, written as a timeout, and then its own result
+    crashing the runner with a KeyError)."""
     import argparse
     import queue
     import types
@@ -902,7 +902,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
         torch.set_num_threads(threads)
     assert 0 < resumed_evaluations < 10 < evaluations
     assert {k: v for k, v in resumed.items() if k not in TIMING} == {k: v for k, v in whole.items() if k not in TIMING}
-    assert runner.run(args) == 0  # the checkpoint now holds the finished fit: its row, with no training
+    assert runner.run(args) == 0  # the checkpoint holds the finished fit: its row, with no training
     (row,) = read_rows(path)
     assert row["rmse"] == repr(resumed["rmse"]) and row["train_seconds"] == repr(resumed["train_seconds"])
     folder = Path(cfg["checkpoints"])
@@ -976,7 +976,7 @@ def test_summary_rows_say_over_how_many_datasets_each_method_counts(tmp_path):
     assert "| **datasets won** (ours, of the datasets each ran) | | 1 of 1 | 1 of 2 |" in text, text
     assert "over the datasets each ran, in brackets) | | 1.000 (1) | 1.500 (2) |" in text, text
     assert "| **mean normalised RMSE on the 1 dataset every method ran** | | 1.000 | 2.000 |" in text, text
-    _result(path, "wine", 0, "gm", 0.5)  # now both ran both: the plain rows, as before
+    _result(path, "wine", 0, "gm", 0.5)  # both ran both: the plain rows
     text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
     assert "| **datasets won** (ours) | | 2 | 0 |" in text and "every method ran" not in text, text
     assert "| **mean normalised RMSE** (ours, 1 = best of ours) | | 1.000 | 2.000 |" in text, text

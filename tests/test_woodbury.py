@@ -141,7 +141,7 @@ def test_second_derivatives_of_both_forms():
 def test_hessian_of_the_model_loss_equals_the_dense_gaussians(n):
     """The Hessian of the Woodbury loss in a kernel's raw lengthscales and the noise, against
     autograd's Hessian of −log N(y; 0, ΦΦᵀ + σ²I) built from the same features (the closed-form
-    backwards used to be taken as constants there)."""
+    backwards must not be taken as constants there)."""
     from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood
 
     torch.manual_seed(0)
