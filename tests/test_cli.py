@@ -243,7 +243,7 @@ def test_fit_reports_the_training_rmse_of_targets_in_any_units(tmp_path, capsys)
 
 
 def test_predict_refuses_a_row_whose_prediction_overflows(fitted, tmp_path, capsys):
-    """A finite 1.7e308 overflows ω·x: its prediction was written as 'nan,nan' with exit status 0."""
+    """A finite 1.7e308 overflows ω·x: an error, not a prediction written as 'nan,nan' with exit status 0."""
     _, model, _, _, _ = fitted
     far = write_csv(tmp_path / "far.csv", ["a", "b", "c"], [[0.5, 0.5, 0.5], [1.7e308, 0, 0]])
     assert main(["predict", model, far, "-q"]) == 2
@@ -314,8 +314,8 @@ def test_every_option_is_documented_in_docs_command_line():
 
 @pytest.mark.parametrize("out", ["missing/m.alacarte", ".", "read-only/m.alacarte"])
 def test_fit_refuses_an_unwritable_out_before_it_fits(out, tmp_path, capsys, monkeypatch):
-    """--out in a missing directory (or naming a directory, or in one the user may not write to) was
-    refused by save_model after the fit, throwing the fit away (50 s on 300 rows here)."""
+    """--out in a missing directory (or naming a directory, or in one the user may not write to) is
+    refused before the fit: refused by save_model after it, the fit (50 s on 300 rows here) is lost."""
     import tempfile
 
     from alacarte.regressor import AlaCarteRegressor
@@ -341,8 +341,8 @@ def test_fit_refuses_an_unwritable_out_before_it_fits(out, tmp_path, capsys, mon
 
 
 def test_fit_of_a_missing_data_file_names_the_data_not_the_model(tmp_path, capsys):
-    """With --out checked before the data were read, a missing data/x.csv was reported as 'cannot write
-    data/x.alacarte' (its default model path)."""
+    """The data are read before --out is checked: else a missing data/x.csv would be reported as
+    'cannot write data/x.alacarte' (its default model path)."""
     assert main(["fit", str(tmp_path / "data" / "x.csv"), "--target", "y", "-q"]) == 2
     assert "x.csv: no such file" in capsys.readouterr().err
 
@@ -366,7 +366,7 @@ def test_an_output_that_names_an_input_file_is_refused(fitted, tmp_path, capsys)
 
 @pytest.mark.parametrize("out", ["missing/p.csv", ".", "read-only/p.csv"])
 def test_predict_and_plot_refuse_an_unwritable_out_before_the_work(fitted, out, tmp_path, capsys, monkeypatch):
-    """'predict --out missing_dir/p.csv' computed every prediction, then failed to write them."""
+    """'predict --out missing_dir/p.csv' is refused before any prediction is computed, not after."""
     import tempfile
 
     from alacarte.regressor import AlaCarteRegressor

@@ -36,8 +36,8 @@ def test_exact_predictions_of_a_row_do_not_depend_on_the_other_test_rows(ard):
 
 @pytest.mark.parametrize("ard", [True, False])
 def test_exact_posterior_covariance_of_test_rows_does_not_depend_on_the_other_rows(ard):
-    """The test–test block (return_cov, sample_y) expanded ‖a − b‖² too: beside a row at 1e8, the
-    covariance of two rows near the data went from 0.00108 to −0.0141 (their draws' correlation
+    """The test–test block (return_cov, sample_y) must not expand ‖a − b‖² either: beside a row at 1e8,
+    the covariance of two rows near the data would go from 0.00108 to −0.0141 (their draws' correlation
     from 0.98 to −0.06)."""
     x, y = toy_data()
     model = ExactRBFGP(None, None, num_dims=3, ard=ard).double()
@@ -59,9 +59,9 @@ def test_exact_posterior_covariance_of_test_rows_does_not_depend_on_the_other_ro
 @pytest.mark.parametrize("ard", [True, False])
 def test_the_joint_test_by_train_and_test_block_older_gpytorch_asks_for_is_centred_on_the_training_rows(ard):
     """GPyTorch up to 1.15.1 evaluates k(test, [train; test]) in one call, not the two blocks 1.15.2
-    asks for; centring it on all its rows took the test rows in again, so with GPyTorch 1.11 a row at
-    1e8 moved two nearby rows' covariance by 1e-5 and a row at 1.7e308 made the others NaN. Called
-    here directly, so that it is checked whichever GPyTorch is installed."""
+    asks for; centring it on all its rows would take the test rows in again, so that with GPyTorch 1.11
+    a row at 1e8 would move two nearby rows' covariance by 1e-5 and a row at 1.7e308 make the others NaN.
+    Called here directly, so that it is checked whichever GPyTorch is installed."""
     x, y = toy_data()
     model = ExactRBFGP(None, None, num_dims=3, ard=ard).double()
     fit(model, x, y, max_iter=5, restarts=0, progress=False)
@@ -113,8 +113,8 @@ def test_exact_prediction_chunks_bound_the_test_by_test_block():
 
 @pytest.mark.parametrize("ard", [True, False])
 def test_exact_kernel_in_eval_mode_keeps_gpytorchs_last_dim_is_batch_blocks(ard):
-    """k(x, x, last_dim_is_batch=True) is one block per input dimension; in eval mode the kernel's
-    exact-difference path returned one (n, n) block and GPyTorch raised 'expected shape ... (3, 5, 5)'."""
+    """k(x, x, last_dim_is_batch=True) is one block per input dimension, in eval mode too, where the
+    kernel's exact-difference path gives one (n, n) block (GPyTorch: 'expected shape ... (3, 5, 5)')."""
     kernel = ExactRBFGP(None, None, num_dims=3, ard=ard).double().covar_module.base_kernel
     kernel.lengthscale = torch.tensor([0.7, 1.3, 2.0] if ard else [1.1], dtype=torch.float64)
     x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

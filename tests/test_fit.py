@@ -68,8 +68,8 @@ def test_fit_rejects_bad_settings():
 
 def test_a_kernel_of_the_users_own_needs_restarts_0_and_says_so():
     """Restarts initialise only alacarte's kernels: a FeatureKernel subclass without a lengthscale (the
-    documented extension, :meth:`projection` alone) raised AttributeError ('raw_lengthscale') instead of
-    the ValueError that names restarts=0; with restarts=0 it trains."""
+    documented extension, :meth:`projection` alone) gets the ValueError that names restarts=0, not an
+    AttributeError ('raw_lengthscale'); with restarts=0 it trains."""
     from alacarte import FeatureKernel
 
     class Linear(FeatureKernel):
@@ -99,8 +99,8 @@ def test_fit_improves_and_is_deterministic(optimizer):
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 @pytest.mark.parametrize("restarts", [0, 1])
 def test_fit_takes_data_that_require_grad(make, restarts):
-    """Data from an autograd computation train as their values: they failed at the first backward
-    ("backward through the graph a second time"; with restarts, "modified by an inplace operation")."""
+    """Data from an autograd computation train as their values: as variables they would fail at the first
+    backward ("backward through the graph a second time"; with restarts, "modified by an inplace operation")."""
     x, y = toy_data(n=60)
     settings = dict(max_iter=5, restarts=restarts, restart_iter=2, progress=False)
     model, reference = make(), make()
@@ -127,10 +127,10 @@ def test_fit_leaves_torch_global_generator_alone():
 
 
 def test_a_step_that_underflows_an_unbounded_noise_to_zero_does_not_end_the_fit():
-    """With a noise constraint that allows 0 (Positive()), an L-BFGS probe underflowed the float32
-    softplus to σ² = 0 exactly; the Woodbury forms refuse σ² ≤ 0, and that ValueError ended the fit
-    at n = 20 < D = 32 on targets in the features' span.  Like a probe that breaks the Cholesky, it
-    must be a failed step: the fit ends as before the refusal existed (loss -0.2482, σ² 2.9e-7)."""
+    """With a noise constraint that allows 0 (Positive()), an L-BFGS probe can underflow the float32
+    softplus to σ² = 0 exactly (n = 20 < D = 32, targets in the features' span); the Woodbury forms
+    refuse σ² ≤ 0, and that ValueError must not end the fit.  Like a probe that breaks the Cholesky,
+    it is a failed step: the fit ends at loss -0.2482, σ² 2.9e-7."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(20, 2, generator=gen)
     kernel = FSARDKernel(2, 16, ard_num_dims=2, seed=0)
@@ -147,7 +147,7 @@ def test_a_step_that_underflows_an_unbounded_noise_to_zero_does_not_end_the_fit(
 def test_a_fit_that_starts_at_a_nonpositive_noise_is_refused_not_stopped_with_a_warning(kind):
     """A failed step is retried or ends the fit with a warning, but σ² ≤ 0 where the fit starts is the
     model's own setting (restarts=0 under LessThan(0.05): σ² = 0.05 − softplus(0) = −0.64).  Taken as a
-    failed step, fit stopped after 0 iterations with a RuntimeWarning and returned the model with σ² < 0;
+    failed step, fit would stop after 0 iterations with a RuntimeWarning and return the model with σ² < 0;
     it must be the ValueError that names σ²."""
     x = torch.randn(30, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     y = torch.sin(x).sum(-1)
@@ -162,8 +162,8 @@ def test_a_fit_that_starts_at_a_nonpositive_noise_is_refused_not_stopped_with_a_
 
 
 def test_a_fit_that_starts_at_nan_parameters_is_refused_not_stopped_with_a_warning():
-    """As for σ² ≤ 0: a NaN lengthscale where fit starts (restarts=0) was taken for a failed step, and fit
-    stopped after 0 iterations with a RuntimeWarning and returned the model with NaN lengthscales."""
+    """As for σ² ≤ 0: a NaN lengthscale where fit starts (restarts=0) is no failed step, after which fit
+    would stop after 0 iterations with a RuntimeWarning and return the model with NaN lengthscales."""
     x = torch.randn(30, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     model = FeatureGP(None, None, FSARDKernel(2, 8, ard_num_dims=2, seed=0)).double()
     with torch.no_grad():
@@ -175,7 +175,7 @@ def test_a_fit_that_starts_at_nan_parameters_is_refused_not_stopped_with_a_warni
 def test_lbfgs_line_search_backtracks_an_overshooting_first_step():
     """One L-BFGS iteration per step(): the first trial step of f(x) = x² from x = 0.1 lands on
     x = −0.1 (no decrease).  Torch's default evaluation budget for max_iter=1 leaves the line
-    search none, so it stays at 0.1 for ever (fits "converged" where they had stalled); ours
+    search none, so it stays at 0.1 for ever (fits "converge" where they stall); ours
     must backtrack to the minimum."""
     from alacarte.training._optimization import make_optimizer
 
@@ -353,7 +353,7 @@ def test_a_step_to_non_finite_parameters_is_undone_not_kept():
 
 
 def test_restarts_start_inside_the_constraints_the_user_set():
-    """A data-driven value outside a user's constraint was refused by the setter, so fit failed at
+    """A data-driven value outside a user's constraint would be refused by the setter, and fit fail at
     its first restart: lengthscale_constraint=Interval(0.05, 1) against an initial 1.66 ("lengthscale
     must be ... strictly inside (0.05, 1)"), GM scales in (0.9, 2) against 0.6, a noise in (1e-3, 5e-3)
     against 0.01 (GPyTorch's RuntimeError)."""
@@ -435,8 +435,8 @@ def test_fit_refuses_a_batch_of_models_by_name(part):
 
 @pytest.mark.parametrize("mean", ["zero", "linear"])
 def test_fit_trains_a_mean_of_the_users_own_with_restarts_0(mean):
-    """The batch check read the mean's .constant, which a ZeroMean or LinearMean does not have: fit, which had
-    trained such a model with restarts=0, raised AttributeError. A batched ZeroMean is still refused by name."""
+    """The batch check must not read the mean's .constant, which a ZeroMean or LinearMean does not have: fit
+    trains such a model with restarts=0. A batched ZeroMean is refused by name."""
     x = torch.randn(30, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     y = torch.sin(x[:, 0])
     model = FeatureGP(x, y, FSARDKernel(2, 8, seed=0)).double()
@@ -462,9 +462,9 @@ def test_restarts_leave_a_mean_of_the_users_own_as_it_is(mean):
 
 
 def test_a_kernel_of_the_users_own_is_refused_before_any_data_is_read():
-    """With restarts, a FeatureKernel of the user's own was refused only at the first initialisation: a
-    streamed fit had read its 20 chunks three times (moments, target moments, the restarts' sample) and
-    set the noise variance (0.3 -> 0.01) first."""
+    """With restarts, a FeatureKernel of the user's own is refused before any pass over the data: refused
+    at the first initialisation, a streamed fit would have read its 20 chunks three times (moments,
+    target moments, the restarts' sample) and set the noise variance (0.3 -> 0.01) first."""
     from alacarte import FeatureKernel
 
     class Linear(FeatureKernel):

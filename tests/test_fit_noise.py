@@ -115,8 +115,8 @@ def test_a_fit_stalled_at_the_noise_lower_bound_is_refitted_from_a_larger_noise(
 @pytest.mark.parametrize("upper", [0.05, 0.005, 3e-4])
 def test_a_noise_with_an_upper_bound_is_initialised_and_refitted_inside_it(upper):
     """σ² = 0.01 (initialisation) or 0.1 (noise refit) × the target variance above an Interval's upper
-    bound raised GPyTorch's RuntimeError: at 0.05 after the whole fit, in the refit; at 0.005 and 3e-4
-    before it, in the first restart."""
+    bound would raise GPyTorch's RuntimeError: at 0.05 after the whole fit, in the refit; at 0.005 and
+    3e-4 before it, in the first restart."""
     x, _ = toy_data(n=100)
     y = 10 * torch.sin(x[:, 0]) + x[:, 1]  # noise-free: the fit ends at the lower bound and is refitted
     likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.Interval(1e-4, upper))
@@ -204,9 +204,9 @@ def test_unstandardised_targets_start_from_their_own_variance():
 
 
 def test_ard_and_isotropic_initial_lengthscales_relate_as_documented():
-    """alacarte.init's docstring said the sqrt(d) factor made an ARD initialisation of isotropic data
-    equal the isotropic one; it is 0.67× it at large d (the median of |N(0, 2)| is 0.95, a full
-    distance ~ sqrt(2d))."""
+    """The sqrt(d) factor does not make an ARD initialisation of isotropic data equal the isotropic one:
+    it is 0.67× it at large d (the median of |N(0, 2)| is 0.95, a full distance ~ sqrt(2d)), as
+    alacarte.init's docstring says."""
     from alacarte.init import _lengthscales, pair_distances
 
     for d, ratio in ((2, 0.81), (10, 0.70), (100, 0.676)):
@@ -219,7 +219,7 @@ def test_ard_and_isotropic_initial_lengthscales_relate_as_documented():
 @pytest.mark.parametrize("unit", [1e160, 1e-170])
 def test_unstandardised_targets_whose_variance_is_not_a_float_are_refused_by_name(unit):
     """var y of targets in units of 1e160 (1e-170) is inf (0) in float64; the restarts' initialisation
-    then failed with "outputscale must be finite and strictly inside (0, inf), got inf" (got 0.0),
+    then would fail with "outputscale must be finite and strictly inside (0, inf), got inf" (got 0.0),
     which names neither the targets nor a remedy."""
     x, y = toy_data(n=50)
     with pytest.raises(ValueError, match=r"the targets' variance is (inf|0) .*standardize=True"):

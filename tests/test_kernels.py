@@ -123,7 +123,7 @@ def test_a_copy_of_x1_as_x2_gets_its_own_gradient():
 
 
 def test_a_weight_that_underflowed_to_zero_has_a_finite_gradient():
-    """softplus(−110) is 0 in float32; √0 has an infinite slope and ∞·0 made the raw gradient NaN."""
+    """softplus(−110) is 0 in float32; √0 has an infinite slope and ∞·0 would make the raw gradient NaN."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(20, 3)
@@ -141,8 +141,8 @@ def test_a_weight_that_underflowed_to_zero_has_a_finite_gradient():
 
 
 def test_diag_of_equal_inputs_checks_them_too():
-    """k(x, diag=True) returns σ_f² without features; it took inputs of 7 columns for a 3-input kernel,
-    and float64 inputs to a float32 kernel (a float32 result), where k(x) refuses both."""
+    """k(x, diag=True) returns σ_f² without features, so nothing else would refuse inputs of 7 columns
+    for a 3-input kernel, or float64 inputs to a float32 kernel (a float32 result), as k(x) does."""
     kernel = FastfoodRBFKernel(3, 8, seed=0)
     with pytest.raises(ValueError, match="built for 3 input dimensions, got 7"):
         kernel(torch.randn(5, 7), diag=True)
@@ -167,7 +167,7 @@ def test_inputs_of_another_dtype_than_the_kernel_are_a_clear_error():
 
 
 def test_inputs_whose_batch_does_not_broadcast_with_the_kernels_are_a_clear_error():
-    """(3, 10, 3) inputs to a kernel of batch_shape (2,) failed inside a projection with a RuntimeError."""
+    """(3, 10, 3) inputs to a kernel of batch_shape (2,): a ValueError, not a RuntimeError from inside a projection."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     for kernel in (SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0, batch_shape=torch.Size([2])),
@@ -181,7 +181,7 @@ def test_inputs_whose_batch_does_not_broadcast_with_the_kernels_are_a_clear_erro
 
 
 def test_zero_rows_on_the_fwht_path():
-    """GPyTorch's kernels take inputs of 0 rows; above d = 512 the default (FWHT) path raised a RuntimeError."""
+    """GPyTorch's kernels take inputs of 0 rows, and so does the default (FWHT) path above d = 512."""
     kernel = FastfoodRBFKernel(600, 8, seed=0).double()
     empty, x = torch.zeros(0, 600, dtype=torch.float64), torch.randn(4, 600, dtype=torch.float64)
     assert kernel(empty, x).to_dense().shape == (0, 4)
@@ -235,8 +235,8 @@ def test_misspelt_keyword_arguments_are_refused():
 
 
 def test_ard_num_dims_other_than_the_input_width_is_refused():
-    """ard_num_dims=1 with num_dims=3 was accepted (as an isotropic kernel) but GPyTorch reads ard_num_dims as
-    the input width: every kernel(x), and so fit(), raised its RuntimeError 'Expected the input to have 1
+    """ard_num_dims=1 with num_dims=3 is no isotropic kernel: GPyTorch reads ard_num_dims as the input width,
+    so every kernel(x), and so fit(), would raise its RuntimeError 'Expected the input to have 1
     dimensionality'.  Isotropic is ard_num_dims=None."""
     from alacarte import SpectralMixtureFastfoodKernel
 
@@ -253,8 +253,8 @@ def test_ard_num_dims_other_than_the_input_width_is_refused():
 
 
 def test_active_dims_of_another_count_than_num_dims_are_refused():
-    """FSARDKernel(3, 8, active_dims=[0, 1]) was built, then every call on 6-column inputs failed with
-    'built for 3 input dimensions, got 2' (or GPyTorch's RuntimeError with ard_num_dims=3)."""
+    """FSARDKernel(3, 8, active_dims=[0, 1]) is refused when built: else every call on 6-column inputs
+    would fail with 'built for 3 input dimensions, got 2' (or GPyTorch's RuntimeError with ard_num_dims=3)."""
     for kwargs in ({}, {"ard_num_dims": 3}):
         with pytest.raises(ValueError, match=r"active_dims selects 2 inputs \(\[0, 1\]\), but num_dims=3"):
             FSARDKernel(3, 8, active_dims=[0, 1], seed=0, **kwargs)
@@ -264,8 +264,8 @@ def test_active_dims_of_another_count_than_num_dims_are_refused():
 
 
 def test_wrappers_that_ask_for_last_dim_is_batch_are_named_in_the_refusal():
-    """GridInterpolationKernel(FastfoodRBFKernel(...)) failed with '... does not support last_dim_is_batch':
-    a flag the user never passed (GPyTorch's GridKernel passes it, for one 1-d kernel per input column)."""
+    """GridInterpolationKernel(FastfoodRBFKernel(...)) asks for last_dim_is_batch, a flag the user never
+    passed (GPyTorch's GridKernel passes it, for one 1-d kernel per input column): the refusal names the wrapper."""
     import gpytorch
 
     x = torch.rand(10, 2)
@@ -275,8 +275,8 @@ def test_wrappers_that_ask_for_last_dim_is_batch_are_named_in_the_refusal():
 
 
 def test_fourier_features_take_a_zero_dimensional_scale():
-    """fourier_features(proj, torch.tensor(0.5)) raised IndexError (scale.shape[-1] of a 0-d tensor), though its
-    docstring takes any scale broadcastable to (..., n, 1)."""
+    """fourier_features(proj, torch.tensor(0.5)) works, as its docstring takes any scale broadcastable to
+    (..., n, 1) (reading scale.shape[-1] of a 0-d tensor would be an IndexError)."""
     from alacarte.features.fourier import fourier_features
 
     proj = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
@@ -319,9 +319,9 @@ def _cpu_has_half_matmul() -> bool:
 
 @pytest.mark.skipif(not _cpu_has_half_matmul(), reason="this torch has no float16 matrix product on the CPU")
 def test_half_precision_kernels_keep_their_signal_variance():
-    """Feature weights were √(σ_f²/M) clamped at the dtype's smallest normal: in float16, σ_f²/M = 0.1/4096 is
-    subnormal, so the clamp raised it and k(x, x) from the features was 0.25 where σ_f² = 0.1 (and
-    k(x, diag=True) said 0.1); likewise a mixture weight of 0.1 over 2048 frequencies."""
+    """Feature weights √(σ_f²/M) clamped at the dtype's smallest normal would be wrong in float16, where
+    σ_f²/M = 0.1/4096 is subnormal: the clamp would raise it and k(x, x) from the features would be 0.25
+    where σ_f² = 0.1 (and k(x, diag=True) says 0.1); likewise a mixture weight of 0.1 over 2048 frequencies."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(6, 3, dtype=torch.float64)
@@ -351,8 +351,8 @@ def test_features_select_the_active_dims_as_the_kernel_does():
 
 
 def test_features_of_too_few_columns_for_the_active_dims_are_a_value_error():
-    """features() of inputs narrower than its active_dims reach raised torch's RuntimeError 'INDICES element is
-    out of DATA bounds, id=4 axis_dim=3', not the ValueError its Raises promise for the width."""
+    """features() of inputs narrower than its active_dims reach is the ValueError its Raises promise for the
+    width, not torch's RuntimeError 'INDICES element is out of DATA bounds, id=4 axis_dim=3'."""
     kernel = FSARDKernel(2, 8, active_dims=[4, 0], seed=0).double()
     with pytest.raises(ValueError, match=r"reads columns \[4, 0\] \(active_dims\), but x has 3"):
         kernel.features(torch.randn(5, 3, dtype=torch.float64))
@@ -360,7 +360,7 @@ def test_features_of_too_few_columns_for_the_active_dims_are_a_value_error():
 
 
 def test_every_kernel_prints_its_size():
-    """print(kernel) showed only the constraints for every kernel but GM and PWL: no d, no M."""
+    """print(kernel) shows d and M for every kernel, not only the constraints."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     assert "num_dims=3, num_samples=8\n" in repr(FSARDKernel(3, 8, seed=0))

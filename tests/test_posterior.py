@@ -114,8 +114,9 @@ def test_woodbury_likelihood_refuses_a_target_that_does_not_match_the_prior():
 
 
 def test_woodbury_likelihood_refuses_a_target_batch_that_does_not_broadcast():
-    """A batch-(2,) model given targets (3, n) failed with torch's 'Attempting to broadcast a dimension
-    of length 3' from inside the statistics (GPyTorch's: 'LinearOperator cannot be multiplied')."""
+    """A batch-(2,) model given targets (3, n) is a ValueError that names them, not torch's 'Attempting to
+    broadcast a dimension of length 3' from inside the statistics (GPyTorch's: 'LinearOperator cannot be
+    multiplied')."""
     x, y = toy_data(n=30)
     kernel = FSARDKernel(3, 8, seed=0, batch_shape=torch.Size([2]))
     likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([2]))
@@ -225,8 +226,8 @@ def _lengthscaled(model):
 
 
 def test_prior_mode_gives_the_prior_in_eval_mode_as_in_gpytorch():
-    """model(x) under gpytorch.settings.prior_mode is the prior, as for any ExactGP (and ExactRBFGP);
-    FeatureGP's eval-mode __call__ returned the posterior regardless."""
+    """model(x) under gpytorch.settings.prior_mode is the prior, as for any ExactGP (and ExactRBFGP),
+    although FeatureGP's eval-mode __call__ has a path of its own."""
     x, y = toy_data(n=80)
     x_test = toy_data(n=10, seed=2)[0]
     for model in (feature_model(), ExactRBFGP(None, None, num_dims=3, ard=True).double()):
@@ -245,9 +246,9 @@ def test_prior_mode_gives_the_prior_in_eval_mode_as_in_gpytorch():
 
 def test_eval_mode_gradients_wrt_test_inputs_work_on_every_call():
     """Optimising over test inputs (an acquisition function) calls model(x) and backward() repeatedly.
-    FeatureGP cached its posterior with the autograd graph of the first call, so the second
-    backward() failed ('Trying to backward through the graph a second time'); GPyTorch's
-    ExactGP detaches its test caches (gpytorch.settings.detach_test_caches, on by default)."""
+    A posterior cached with the autograd graph of the first call would make the second
+    backward() fail ('Trying to backward through the graph a second time'); as GPyTorch's
+    ExactGP detaches its test caches (gpytorch.settings.detach_test_caches, on by default), so does FeatureGP."""
     x, y = toy_data(n=80)
     model = feature_model()
     fit(model, x, y, max_iter=3, restarts=0, progress=False)
@@ -267,9 +268,9 @@ def test_eval_mode_gradients_wrt_test_inputs_work_on_every_call():
 
 
 def test_function_samples_stay_the_functions_drawn():
-    """Draws are weights w for the features φ they were drawn with: a FunctionSamples evaluated
-    φ_new(x)ᵀw with whatever kernel the model had at call time, so after the model's lengthscales
-    changed (a refit, a setter) the old draws were functions of neither posterior."""
+    """Draws are weights w for the features φ they were drawn with: a FunctionSamples evaluating
+    φ_new(x)ᵀw with whatever kernel the model has at call time would, after the model's lengthscales
+    change (a refit, a setter), give functions of neither posterior."""
     x, y = toy_data(n=100)
     x_test = toy_data(n=20, seed=2)[0]
     model = feature_model(m=16)
@@ -285,7 +286,7 @@ def test_function_samples_stay_the_functions_drawn():
 
 
 def test_get_fantasy_model_conditions_on_the_added_rows_as_gpytorch_does():
-    """FeatureGP.get_fantasy_model raised GPyTorch's "Call the model on some data first!" even after
+    """GPyTorch's get_fantasy_model raises "Call the model on some data first!" for a FeatureGP even after
     model(x) (its eval path keeps no GPyTorch prediction cache).  The fantasy must predict what a
     plain GPyTorch ExactGP with the same kernel predicts after its own get_fantasy_model, for one
     fantasy and a batch of f = 3, and leave the model itself alone."""

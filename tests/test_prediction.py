@@ -222,10 +222,11 @@ class _LiveTensors(TorchDispatchMode):
 
 
 def test_chunked_predictions_keep_no_chunk_results_while_the_next_chunks_are_computed():
-    """predict and sample_functions kept every chunk's results for a final torch.cat: small blocks held while
-    the later chunks' large features came and went fragmented glibc's heap, and the peak memory grew with the
-    number of test points after all (m = 160 000, 512 features: predict +670 MB, draws +296 MB; written
-    into the outputs, +84 MB and +48 MB, flat in m). Now at most the previous chunk's are alive."""
+    """predict and sample_functions write each chunk's results into the outputs rather than keep them for a
+    final torch.cat: small blocks held while the later chunks' large features come and go fragment glibc's
+    heap, and the peak memory grows with the number of test points after all (m = 160 000, 512 features:
+    kept, predict +670 MB, draws +296 MB; written, +84 MB and +48 MB, flat in m). At most the previous
+    chunk's are alive."""
     x, y = toy_data(n=100)
     model = feature_model(m=16)
     fit(model, x, y, max_iter=3, restarts=0, progress=False)
@@ -254,7 +255,7 @@ def test_chunked_predictions_keep_no_chunk_results_while_the_next_chunks_are_com
 @pytest.mark.parametrize("make", [feature_model, lambda: ExactRBFGP(None, None, num_dims=3, ard=True).double()])
 def test_a_row_that_overflows_the_kernels_arithmetic_is_refused_not_predicted_as_nan(make):
     """1.7e308 stays finite once standardised (input scales ~2), but ω·x or the squared distance does
-    not: cos(inf) = NaN was returned as the prediction (exit 0 from 'alacarte predict')."""
+    not: cos(inf) = NaN must not be returned as the prediction (exit 0 from 'alacarte predict')."""
     x, y = toy_data()
     model = make()
     fit(model, x, y, max_iter=2, restarts=0, progress=False)

@@ -275,8 +275,8 @@ def test_derivative_selector_predicts_as_it_was_fitted():
 
 
 def test_srff_fits_targets_of_huge_magnitude():
-    """y_scale**2 as a Python float raised OverflowError for |y| above ~1e154 (y·1e155), although the
-    fit itself runs on standardised targets; RFFNetRegressor fits the same data."""
+    """y_scale**2 as a Python float overflows for |y| above ~1e154 (y·1e155), although the fit itself
+    runs on standardised targets: SRFF fits such data, as RFFNetRegressor does."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((40, 3))
     y = np.sin(x[:, 0]) + 0.1 * rng.standard_normal(40)
@@ -313,8 +313,8 @@ def test_sklearn_feature_selectors_read_the_relevances(make):
 
 
 def test_srff_predicts_in_blocks_of_rows(monkeypatch):
-    """predict formed the features of all m rows at once, m×D (at m = 160 000 and D = 300 the peak
-    memory grew by 743 MB, more than fitting on 40 000 rows took): it takes blocks of rows, as RFFNet."""
+    """predict takes blocks of rows, as RFFNet: the features of all m rows at once are m×D (at
+    m = 160 000 and D = 300, 743 MB more peak memory, more than fitting on 40 000 rows takes)."""
     rng = np.random.default_rng(0)
     x = rng.uniform(-2, 2, (100, 3))
     y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(100)

@@ -114,7 +114,7 @@ def test_a_second_pass_over_other_rows_is_refused():
 
 def test_the_row_count_survives_a_float32_sum_over_many_processes():
     """n travels in the float32 all-reduce of the statistics; 64 processes of ~2²⁰ rows and one of
-    3·10⁹ must still sum to the exact count (two base-2²⁰ parts did not: the low ones passed 2²⁴)."""
+    3·10⁹ must still sum to the exact count (two base-2²⁰ parts would not: the low ones pass 2²⁴)."""
     from alacarte.streaming import _N_DIGITS, _pack_rows, _unpack
 
     counts = [2**20 - 1 - k for k in range(64)] + [3 * 10**9, 1]
@@ -172,8 +172,8 @@ def test_streamed_fit_from_a_memmap_equals_the_in_memory_fit(tmp_path):
 
 
 def test_an_unstandardised_streamed_fit_refits_from_the_noise_the_in_memory_fit_does():
-    """The noise refit starts from 0.1 × the target variance: the streamed fit took 1 for it, right
-    only for standardised targets (here var y = 214: refit losses −2.381 streamed, −1.309 in memory)."""
+    """The noise refit starts from 0.1 × the target variance, streamed too: taking 1 for it is right
+    only for standardised targets (here var y = 214: refit losses −2.381 from 1, −1.309 from 0.1 × var y)."""
     rng = np.random.default_rng(0)
     x = torch.as_tensor(rng.normal(size=(200, 2)))
     y = 30 * torch.sin(x[:, 0]) * torch.cos(x[:, 1])  # noise-free: σ² ends at its bound, and is refitted

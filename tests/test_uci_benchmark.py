@@ -90,8 +90,8 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
 
 
 def test_a_timeout_at_one_feature_count_does_not_count_as_done_at_another(tmp_path):
-    """A timeout row recorded no D, so a later run at another D took it for its own cell and
-    never ran it ("1 cells done, 0 to run")."""
+    """A timeout row records its D: without it, a later run at another D would take the row for its own
+    cell and never run it ("1 cells done, 0 to run")."""
     path, one_cell = tmp_path / "budget.csv", ["--datasets", "servo", "--methods", "fsard"]
     run(path, *one_cell, "--time-budget", "0.5")
     assert "0 cells done, 1 to run" in run(path, *one_cell, "--num-samples", "32")
@@ -248,8 +248,8 @@ def test_rows_name_the_commit_that_produced_them(monkeypatch):
 
 def test_an_installed_copy_inside_another_git_checkout_does_not_take_its_commit(tmp_path):
     """A virtual environment kept in a project's checkout (``.venv/`` ignored) puts the installed
-    package in that work tree: its version was ``0.1.0+g<the project's commit>``, a commit that
-    holds none of this code."""
+    package in that work tree: its version must not be ``0.1.0+g<the project's commit>``, a commit
+    that holds none of this code."""
     import shutil
 
     import alacarte
@@ -587,8 +587,8 @@ def _to_run(path, capsys, *extra):
 
 
 def test_missing_or_damaged_data_stop_the_run_before_any_cell_starts(tmp_path, monkeypatch, capsys):
-    """Without the data every cell started, loaded nothing and failed alone after its start-up
-    (seconds each: an hour for the 29-dataset job before it said so)."""
+    """Checked per cell instead, every cell would start, load nothing and fail alone after its start-up
+    (seconds each: an hour for the 29-dataset job before it says so)."""
     import shutil
     from unittest import mock
 
@@ -663,7 +663,7 @@ def test_a_resumed_run_at_other_settings_runs_its_own_cells(tmp_path, capsys):
 
 
 def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
-    """Timeouts were counted by method alone: a gm timeout at D=32 put "timeout" in the gm D=64 column
+    """Timeouts counted by method alone would put a gm timeout at D=32 as "timeout" in the gm D=64 column
     of a dataset that column never ran."""
     import argparse
 
@@ -690,9 +690,9 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
 
 
 def test_a_result_is_written_beside_another_runners_timeout_of_the_cell(tmp_path):
-    """append_row took a timeout row of the same cell and settings for a finished one: the result of a
-    runner with a longer budget was dropped ('another runner … finished it first'), and the report said
-    'timeout'.  A timeout beside a result, or a second timeout, is still not written."""
+    """A timeout row of the same cell and settings is no finished cell: taken for one, the result of a
+    runner with a longer budget would be dropped ('another runner … finished it first'), and the report
+    would say 'timeout'.  A timeout beside a result, or a second timeout, is not written."""
     from alacarte.bench import append_row
 
     path = tmp_path / "rows.csv"
@@ -702,8 +702,8 @@ def test_a_result_is_written_beside_another_runners_timeout_of_the_cell(tmp_path
     assert not append_row(path, _ok_row(split=1)) and not append_row(path, timeout)
 
 def test_a_timeout_at_settings_no_cell_finished_at_gets_its_own_column(tmp_path):
-    """gm finished split 0 at D=32 and timed out on split 1 at D=64: the timeout was counted under the one
-    gm column (the D=32 cells'), '0.12 ± 0 [1] · 1 timed out', as if D=32 had timed out."""
+    """gm finished split 0 at D=32 and timed out on split 1 at D=64: counted under the one gm column (the
+    D=32 cells'), the timeout would read '0.12 ± 0 [1] · 1 timed out', as if D=32 had timed out."""
     import argparse
 
     from alacarte.bench import append_row, report
@@ -924,7 +924,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="the runner's large peak is set up on Linux")
 def test_a_cells_peak_memory_is_its_own_not_its_runners(tmp_path):
     """A cell process is spawned (fork, then exec), and ``ru_maxrss`` keeps the larger of the
-    runner's and the cell's peak across exec: a runner holding 1.5 GB gave a challenger cell of
+    runner's and the cell's peak across exec: a runner holding 1.5 GB would give a challenger cell of
     392 MB a peak_rss_mb of 1811."""
     import resource
 
@@ -944,10 +944,10 @@ def test_a_cells_peak_memory_is_its_own_not_its_runners(tmp_path):
 def test_a_cell_checkpoint_of_another_checkpoint_format_is_not_looked_for(monkeypatch):
     """A cell's checkpoint name tags the run's settings and code version, so that other code fits the
     cell from the start; but an installed copy's version is the release alone ('0.1.0'), which a new
-    checkpoint format did not change: a cell killed under format 1 left its file at the very path the
-    next run read, and the cell failed at every run ('of format version 1; this alacarte reads format
-    version 2; pass another path, or delete it'), a path no runner's user chooses.  The format is in
-    the tag."""
+    checkpoint format need not change: without the format in the tag, a cell killed under format 1
+    would leave its file at the very path the next run reads, and the cell would fail at every run
+    ('of format version 1; this alacarte reads format version 2; pass another path, or delete it'),
+    a path no runner's user chooses.  The format is in the tag."""
     from alacarte import _checkpoint
     from alacarte.bench import runner
 
