@@ -150,7 +150,7 @@ def test_docs_build_with_warnings_as_errors_and_no_private_bases(tmp_path):
     bases = re.findall(r"Bases: (.*?)</p>", page, re.S)
     assert bases and not [b for b in bases if re.search(r">_[A-Za-z]", b)]
     # Fitted attributes keep their trailing underscore on the page: napoleon's field name ``model_``
-    # was read as a hyperlink reference, and AlaCarteRegressor's page listed model, history, n_iter …
+    # can be read as a hyperlink reference, and AlaCarteRegressor's page would list model, history, n_iter …
     fitted = {name for cls in (alacarte.AlaCarteRegressor, alacarte.SRFFRegressor)
               for name in re.findall(r"^ {8}(\w+_):", cls.__doc__, re.M)}
     assert {"model_", "history_", "output_weights_"} <= fitted

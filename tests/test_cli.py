@@ -102,7 +102,7 @@ def test_plot_writes_a_png(fitted, capsys):
     ("a,b,target\n1,2,3\n4,abc,6\n", r"line 3, column 'b': 'abc' is not a number"),
     ("a,b,target\n1,2,3\n4,nan,6\n", r"line 3, column 'b': nan is not allowed"),
     ("a,b,target\n1,2,3\n4,inf,6\n", r"line 3, column 'b': inf is not allowed"),
-    # was '1e400 is not allowed (every value must be finite)': it is finite, float64 cannot hold it
+    # not '1e400 is not allowed (every value must be finite)': it is finite, float64 cannot hold it
     ("a,b,target\n1,2,3\n4,-1e400,6\n", r"line 3, column 'b': -1e400 is beyond the range of float64"),
     ("a,b,target\n1,,3\n", r"line 2, column 'b': empty cell"),
     ("a,b,target\n1,2,3\n4,5\n", r"line 3: 2 fields, but the header has 3"),
@@ -128,7 +128,7 @@ def test_bad_csv_files_fail_with_one_line(tmp_path, capsys, content, message):
 
 @pytest.mark.parametrize("kernel, message", [
     ("exact-rbf", "exact GP (exact-rbf): it has no learned spectrum to draw (`alacarte fit --json` reports"),
-    # was 'no spectrum picture for RandomFourierKernel', naming neither the file, its kernel nor what plot draws
+    # not 'no spectrum picture for RandomFourierKernel' alone, naming neither the file, its kernel nor what plot draws
     ("rks", "model.alacarte (rks): no spectrum picture for RandomFourierKernel: pictures exist for GM, PWL and"),
 ])
 def test_plot_of_a_model_without_a_spectrum_picture_is_a_clear_error(kernel, message, tmp_path, capsys):

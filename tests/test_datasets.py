@@ -62,7 +62,7 @@ def test_an_unknown_rosasco_function_is_named_as_such():
 def test_a_bad_rosasco_noise_fraction_is_a_value_error():
     from alacarte.datasets import make_rosasco, rosasco_split
 
-    # "0.1" and None raised TypeError from '>=', True was taken as 1.0
+    # unchecked, "0.1" and None would raise TypeError from '>=', and True be taken as 1.0
     for bad in (-0.1, float("nan"), float("inf"), "0.1", None, True, np.array([0.1, 0.2])):
         with pytest.raises(ValueError, match="noise_fraction"):
             make_rosasco("f1", 3, noise_fraction=bad)

@@ -369,7 +369,7 @@ def test_restarts_start_inside_the_constraints_the_user_set():
         ExactRBFGP(None, None, num_dims=3, ard=True),
     ]
     models[-1].covar_module.base_kernel.register_constraint("raw_lengthscale", Interval(0.05, 1.0))
-    # an upper bound alone: the lengthscales (1.66) are inside it (the first version of the fix made them NaN)
+    # an upper bound alone: the lengthscales (1.66) are inside it (not NaN)
     models.append(FeatureGP(None, None, FSARDKernel(3, 32, ard_num_dims=3, seed=0,
                                                     lengthscale_constraint=gpytorch.constraints.LessThan(10.0))))
     for model in models:

@@ -62,7 +62,7 @@ def test_a_file_of_a_kernel_with_ard_num_dims_1_still_loads(tmp_path):
     fit trained one): it loads, as with ard_num_dims=None, rather than being a ValueError at load."""
     x, y = data()
     kernel = ac.FSARDKernel(3, 16, seed=0)
-    kernel.ard_num_dims = 1  # what FSARDKernel(3, 16, ard_num_dims=1) built before it was refused
+    kernel.ard_num_dims = 1  # what a file may hold, though FSARDKernel(3, 16, ard_num_dims=1) is refused
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, chunk_size=20, max_iter=3, restarts=1, restart_iter=2, progress=False)
     loaded = load_model(save_model(model, tmp_path / "m.alacarte"))

@@ -63,7 +63,7 @@ class TestSSGPRKernel(FeatureKernelTestCase, unittest.TestCase):
             self.make_kernel(3, lengthscale=-1.0)
         with self.assertRaisesRegex(ValueError, "lengthscale"):
             self.make_kernel(3, lengthscale=torch.ones(2))
-        # ∞ gave all-zero frequencies (a constant kernel) and 1e-40 in float32 infinite ones (NaN features).
+        # ∞ would give all-zero frequencies (a constant kernel) and 1e-40 in float32 infinite ones (NaN features).
         for bad in (float("inf"), 1e-40, float("nan")):
             with self.assertRaisesRegex(ValueError, "lengthscale must be positive and finite"):
                 self.make_kernel(3, lengthscale=bad)
@@ -208,7 +208,7 @@ def test_lengthscale_options_of_kernels_without_one_are_refused():
                            ("lengthscale_constraint", gpytorch.constraints.Interval(0.1, 2.0))):
             with pytest.raises(ValueError, match=f"has no lengthscale: {key} would be ignored"):
                 build(**{key: value})
-        # Setting one was an AttributeError about raw_lengthscale_constraint.
+        # Setting one is a ValueError, not an AttributeError about raw_lengthscale_constraint.
         with pytest.raises(ValueError, match="has no lengthscale"):
             build().lengthscale = 0.5
 

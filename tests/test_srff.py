@@ -288,7 +288,7 @@ def test_srff_fits_targets_of_huge_magnitude():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: SRFFRegressor(**{**SMALL, "n_components": 6}),  # D = d: the old coef_ had the shape of an input weight
+    lambda: SRFFRegressor(**{**SMALL, "n_components": 6}),  # D = d: output weights have the shape of an input weight
     lambda: RFFNetRegressor(max_epochs=3, random_state=0),
     lambda: DerivativeSelector(tau=1e-3, max_iter=30),
 ])

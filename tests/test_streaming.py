@@ -291,7 +291,7 @@ def test_float64_statistics_keep_a_float32_model_accurate():
 
 def test_rows_of_zero_dimensional_tensors_are_fitted_as_rows_not_taken_for_chunks():
     # list(zip(a, b)) of two 1-D tensors: rows of two columns, each a pair of 0-d tensors — not
-    # (x, y) chunks, whose parts hold rows (it was refused with 'x holds (x, y) chunks ...').
+    # (x, y) chunks, whose parts hold rows (not refused with 'x holds (x, y) chunks ...').
     generator = torch.Generator().manual_seed(0)
     a, b, noise = torch.randn(3, 40, generator=generator, dtype=torch.float64)
     y = torch.sin(a) + 0.3 * noise
@@ -334,7 +334,7 @@ def test_streaming_refuses_bad_input(tmp_path):
         with pytest.raises(ValueError, match="chunks, which carry the targets: pass y=None"):
             ChunkedData(chunks, y)  # y given twice
         with pytest.raises(ValueError, match="chunks, which carry the targets: pass y=None"):
-            alacarte.fit(model, chunks, y, progress=False)  # (was numpy's 'inhomogeneous shape' or 'dtype object')
+            alacarte.fit(model, chunks, y, progress=False)  # (not numpy's 'inhomogeneous shape' or 'dtype object')
     bad = x.numpy().copy()
     bad[33, 1] = np.nan
     np.save(tmp_path / "bad.npy", bad)

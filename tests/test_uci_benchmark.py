@@ -81,7 +81,7 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
     assert row["status"] == "timeout" and row["rmse"] == ""
     assert "1 cells done, 0 to run" in run(path, *one_cell)
     assert "1 cells done, 0 to run" in run(path, *one_cell, "--time-budget", "0.4")
-    # A longer budget is the operator asking again (it was never retried, at any budget): here it finishes.
+    # A longer budget is the operator asking again (a timeout is retried at a longer budget): here it finishes.
     out = run(path, *one_cell, "--time-budget", "300")
     assert "1 timed-out cells run again: this run's --time-budget (300 s) is longer than theirs" in out
     assert "0 cells done, 1 to run" in out
@@ -196,8 +196,8 @@ def test_alacarte_bench_command(tmp_path, capsys):
     assert "0.13 ± 0.08" in text and set(FIELDS) >= {"status", "model"}
     assert main(["bench", "run", "--datasets", "yacht", "--methods", "nope", "--csv", str(path)]) == 2
     assert "unknown method" in capsys.readouterr().err
-    # Refused before any cell runs, creating nothing: a missing data folder (was one failure per cell)
-    # and a results file in a missing folder (was created, parents and all).
+    # Refused before any cell runs, creating nothing: a missing data folder (not one failure per cell)
+    # and a results file in a missing folder (not created, parents and all).
     quick = ["--methods", "gm", "--num-samples", "8", "--max-iter", "1", "--restarts", "0", "-q", "--limit", "1"]
     assert main(["bench", "run", "--datasets", "yacht", "--data", str(tmp_path / "nope"), "--csv", str(path),
                  *quick]) == 2
@@ -526,7 +526,7 @@ def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp
     (["--noise-floor", "0"], "--noise-floor must be a finite number in (0, inf)"),
     (["--noise-floor", "nan"], "--noise-floor must be a finite number in (0, inf)"),
     (["--noise-floor", "1"], "--noise-floor must be below 1, the standardised targets' variance"),
-    (["--splits", "3-1"], "splits '3-1' is an empty range"),  # (was: 'splits must be in 0..9, got '3-1'')
+    (["--splits", "3-1"], "splits '3-1' is an empty range"),  # (not 'splits must be in 0..9, got '3-1'')
 ])
 def test_settings_no_cell_could_run_with_are_refused_before_any_cell_runs(tmp_path, capsys, setting, message):
     from alacarte.cli import main
@@ -556,7 +556,7 @@ def test_report_refuses_a_missing_or_foreign_results_file(tmp_path, capsys):
                        "yacht,0,gm,ok,abc,1.0,100,100\n")
     assert main(["bench", "report", "--csv", str(garbled)]) == 2
     assert "garbled.csv: the row of yacht, split 0, gm has rmse = 'abc', not a number" in capsys.readouterr().err
-    # A NaN RMSE made its column's mean NaN and counted it as the dataset's winner.
+    # A NaN RMSE would make its column's mean NaN and count it as the dataset's winner.
     garbled.write_text("dataset,split,method,status,rmse,train_seconds,peak_rss_mb,max_iter,n_train\n"
                        "yacht,0,gm,ok,nan,1.0,100,100,277\nyacht,0,pwl,ok,0.3,1.0,100,100,277\n")
     assert main(["bench", "report", "--csv", str(garbled)]) == 2
