@@ -33,9 +33,11 @@ def rows_within(memory_budget: int, row_bytes: int, *, fixed_bytes: int = 0, squ
                 what: str = "") -> int:
     """The most rows r of a chunk with ``fixed_bytes + r·row_bytes + r²·square_bytes ≤ memory_budget``.
 
-    Every chunk size of the package comes from here, each caller stating its own costs: what a
-    chunk takes whatever its rows (``fixed_bytes``), per row, and per pair of rows (an exact GP's
-    test–test covariance).
+    The streamed likelihood, the models' predictions, posterior statistics and draws, and the
+    command line take their chunk sizes from here, each caller stating its own costs: what a chunk
+    takes whatever its rows (``fixed_bytes``), per row, and per pair of rows (an exact GP's
+    test–test covariance).  (The Hadamard transform's row blocks are sized to stay in cache, not
+    to bound memory: :func:`alacarte.ops.fwht.chunk_rows`.)
 
     Raises:
         ValueError: if ``memory_budget`` is not a positive integer or is too small for one row
