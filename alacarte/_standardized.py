@@ -186,8 +186,8 @@ class StandardizedGP(ExactGP):
         """
         if memory_budget is None:
             # (getattr: a model pickled without the attribute predicts at the default)
-            memory_budget = getattr(self, "memory_budget", None) or DEFAULT_MEMORY_BUDGET
-        return self._rows_within(memory_budget)
+            memory_budget = getattr(self, "memory_budget", None)
+        return self._rows_within(DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget)
 
     def _rows_within(self, memory_budget: int) -> int:
         """Rows of a prediction chunk whose intermediates take at most ``memory_budget`` bytes."""
