@@ -331,8 +331,8 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                     proc.join()
                     del running[index]
                     # The runner never sees the cell's model: its n, D and components are found from the
-                    # split (a timeout row without them, as before, matched a run at any D or components,
-                    # which then skipped the cell as done and never ran it).
+                    # split (a timeout row without them would match a run at any D or components,
+                    # which would then skip the cell as done and never run it).
                     n_train, d = load_uci(dataset, split, cfg["data"]).x_train.shape
                     _record(args, _row(dataset, split, method, cfg, status="timeout", train_seconds=args.time_budget,
                                        d=d, **_model_columns(method, n_train, cfg)), bar)
