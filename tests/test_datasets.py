@@ -51,7 +51,8 @@ def test_seeds_are_checked_and_a_list_seed_cannot_draw_the_fixed_rosasco_test_se
 def test_an_unknown_rosasco_function_is_named_as_such():
     from alacarte.datasets import make_rosasco, rosasco_split
 
-    # the unknown function is named, not 'seed 10000 draws the fixed test set of f4' for rosasco_split("f4", seed=10_000)
+    # the unknown function is named: rosasco_split("f4", seed=10_000) is not 'seed 10000 draws the fixed
+    # test set of f4'
     for function in ("f4", "F1", None, ["f1"]):
         with pytest.raises(ValueError, match="function must be one of"):
             rosasco_split(function, seed=10_000)

@@ -1,4 +1,5 @@
-"""ExactRBFGP: test rows that do not couple through round-off, chunks that bound the test-by-test block, agreement with GPyTorch."""
+"""ExactRBFGP: test rows that do not couple through round-off, chunks that bound the test-by-test block,
+agreement with GPyTorch."""
 import copy
 import warnings
 from unittest import mock

@@ -1,4 +1,5 @@
-"""Units and the noise: standardisation, the noise variance's bounds and refit, unstandardised targets' starting values."""
+"""Units and the noise: standardisation, the noise variance's bounds and refit, unstandardised targets'
+starting values."""
 import copy
 import math
 import warnings
