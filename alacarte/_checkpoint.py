@@ -33,9 +33,9 @@ from ._files import read_checked, refuse_unwritable, write_checked
 from ._progress import same
 
 SIGNATURE = b"ALACARTE-FIT-CHECKPOINT\n"
-# 2: the model's fingerprint also hashes its settings (a kernel's strategy, a constraint's transform)
-# and the progress no longer holds torch's generator; a version-1 file is refused as such, not as
-# "the model given to fit differs" for the very model that wrote it.
+# The model's fingerprint hashes its settings (a kernel's strategy, a constraint's transform) and the
+# progress holds no torch generator; a file of another version is refused as such, not as "the model
+# given to fit differs" for the very model that wrote it.
 FORMAT_VERSION = 2
 # Key entries that are fingerprints: a difference is said in words, not as two hashes.
 _FINGERPRINTED = {
@@ -96,7 +96,7 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
         raise ValueError(f"checkpoint {path} is a directory; give the path of a file")
     if not path.parent.is_dir():
         raise ValueError(f"checkpoint {path}: its directory {path.parent} does not exist")
-    refuse_unwritable(path, "checkpoint ")  # (else the first save, after the first stage's work, failed)
+    refuse_unwritable(path, "checkpoint ")  # (else the first save would fail, after the first stage's work)
     return path
 
 

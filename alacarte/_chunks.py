@@ -1,15 +1,59 @@
-"""Rows read a chunk at a time for :class:`~alacarte.streaming.ChunkedData`: which inputs hold
-chunks, a slice of an array read into a tensor, and a tally that tells two passes over the same
-rows from passes over other rows."""
+"""Rows a chunk at a time: how many rows a chunk holds within a memory budget (the one policy of
+the streamed likelihood, of prediction and of the command line), which inputs hold chunks, a slice of
+an array read into a tensor, and a tally that tells two passes over the same rows from passes over
+other rows."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import as_tensor
+from ._validation import as_tensor, check_positive_int
 
-__all__ = ["RowTally", "holds_chunks", "is_array", "read_rows"]
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET", "RowTally", "check_memory_options", "holds_chunks", "is_array", "read_rows", "rows_within",
+]
+
+#: Bytes one pass over a chunk of rows may take when no ``memory_budget`` is given (256 MiB): an
+#: evaluation of the streamed likelihood, a chunk of predictions or of posterior draws.
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
+
+
+def check_memory_options(chunk_size, memory_budget) -> tuple[int | None, int | None]:
+    """``chunk_size`` and ``memory_budget`` checked: each ``None`` or a positive integer, not both given."""
+    if chunk_size is not None and memory_budget is not None:
+        raise ValueError("give chunk_size or memory_budget, not both")
+    return (None if chunk_size is None else check_positive_int(chunk_size, "chunk_size"),
+            None if memory_budget is None else check_positive_int(memory_budget, "memory_budget"))
+
+
+def rows_within(memory_budget: int, row_bytes: int, *, fixed_bytes: int = 0, square_bytes: int = 0,
+                what: str = "") -> int:
+    """The most rows r of a chunk with ``fixed_bytes + r·row_bytes + r²·square_bytes ≤ memory_budget``.
+
+    The streamed likelihood, the models' predictions, posterior statistics and draws, and the
+    command line take their chunk sizes from here, each caller stating its own costs: what a chunk
+    takes whatever its rows (``fixed_bytes``), per row, and per pair of rows (an exact GP's
+    test–test covariance).  (The Hadamard transform's row blocks are sized to stay in cache, not
+    to bound memory: :func:`alacarte.ops.fwht.chunk_rows`.)
+
+    Raises:
+        ValueError: if ``memory_budget`` is not a positive integer or is too small for one row
+            (the message, with ``what`` the fixed part's name, says how much is enough).
+    """
+    check_positive_int(memory_budget, "memory_budget")
+    one_row = fixed_bytes + row_bytes + square_bytes
+    if memory_budget < one_row:
+        fixed = f"{what} alone take {fixed_bytes} bytes and each row {row_bytes} more" if fixed_bytes else \
+            f"one row takes {one_row} bytes"
+        raise ValueError(f"memory_budget={memory_budget} bytes is too small: {fixed}; allow at least "
+                         f"{fixed_bytes + 64 * row_bytes + 64 * 64 * square_bytes} bytes")
+    room = memory_budget - fixed_bytes
+    if not square_bytes:
+        return room // row_bytes
+    return (math.isqrt(row_bytes**2 + 4 * square_bytes * room) - row_bytes) // (2 * square_bytes)
 
 
 def is_array(value) -> bool:

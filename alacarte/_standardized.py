@@ -12,6 +12,7 @@ from gpytorch.means import ConstantMean
 from gpytorch.models import ExactGP
 from torch import Tensor
 
+from ._chunks import DEFAULT_MEMORY_BUDGET, check_memory_options
 from ._validation import (
     as_tensor,
     check_inputs,
@@ -22,10 +23,7 @@ from ._validation import (
 )
 from .mll import homoskedastic_noise
 
-__all__ = ["CHUNK_BYTES", "Prediction", "StandardizedGP", "into_rows", "shifted_mean"]
-
-# Rows per prediction chunk are chosen so that one chunk's largest intermediates take about this much.
-CHUNK_BYTES = 32 * 2**20
+__all__ = ["Prediction", "StandardizedGP", "into_rows", "shifted_mean"]
 
 
 class Prediction(NamedTuple):
@@ -58,7 +56,11 @@ def shifted_mean(t: Tensor) -> Tensor:
 
 
 class StandardizedGP(ExactGP):
-    """ExactGP plus affine input/target standardisation kept in buffers."""
+    """ExactGP plus affine input/target standardisation kept in buffers.
+
+    ``memory_budget`` (bytes, or ``None`` for :data:`~alacarte.streaming.DEFAULT_MEMORY_BUDGET`)
+    bounds each chunk of :meth:`predict` and of posterior draws; :func:`alacarte.fit` and
+    ``cache_posterior`` set it to the budget they were given."""
 
     def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
         num_dims = check_positive_int(num_dims, "num_dims")
@@ -78,6 +80,7 @@ class StandardizedGP(ExactGP):
         self.register_buffer("input_scale", torch.ones(num_dims))
         self.register_buffer("target_offset", torch.zeros(()))
         self.register_buffer("target_scale", torch.ones(()))
+        self.memory_budget: int | None = None
 
     # -- units --------------------------------------------------------------------------
     def standardize(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -124,7 +127,7 @@ class StandardizedGP(ExactGP):
         """A ValueError naming the test rows (the last axis of ``values``) whose prediction is NaN.
 
         Inputs that stay finite once standardised can still overflow the kernel's arithmetic (ω·x of
-        a feature kernel, a squared distance): cos(inf) is NaN, which was returned as a prediction.
+        a feature kernel, a squared distance): cos(inf) is NaN, which is no prediction to return.
         (inf is let through: a variance in units of 1e200² is beyond float64, not wrong.)"""
         bad = torch.isnan(values).reshape(-1, values.shape[-1]).any(0)
         if bool(bad.any()):
@@ -170,36 +173,56 @@ class StandardizedGP(ExactGP):
     def _has_data(self) -> bool:
         return self.train_inputs is not None
 
-    def _chunk_rows(self) -> int:
-        """Rows per prediction chunk: about :data:`CHUNK_BYTES` of the chunk's largest intermediates."""
-        return self._rows_within(CHUNK_BYTES)
+    def chunk_rows(self, memory_budget: int | None = None) -> int:
+        """Rows per chunk of :meth:`predict` and of posterior draws within ``memory_budget`` bytes.
 
-    def _rows_within(self, budget: int) -> int:
-        """Rows of a prediction chunk whose largest intermediates take about ``budget`` bytes."""
+        Args:
+            memory_budget: bytes one chunk may take (default: the model's ``memory_budget``, which
+                :func:`alacarte.fit` sets to the budget it was given, else
+                :data:`~alacarte.streaming.DEFAULT_MEMORY_BUDGET`).
+
+        Raises:
+            ValueError: if ``memory_budget`` is not a positive integer or too small for one row.
+        """
+        if memory_budget is None:
+            # (getattr: a model pickled without the attribute predicts at the default)
+            memory_budget = getattr(self, "memory_budget", None)
+        return self._rows_within(DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget)
+
+    def _rows_within(self, memory_budget: int) -> int:
+        """Rows of a prediction chunk whose intermediates take at most ``memory_budget`` bytes."""
         raise NotImplementedError
 
     def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
         raise NotImplementedError
 
     @torch.no_grad()
-    def predict(self, x, *, mean_only: bool = False, chunk_size: int | None = None) -> Prediction:
+    def predict(self, x, *, mean_only: bool = False, chunk_size: int | None = None,
+                memory_budget: int | None = None) -> Prediction:
         """Predictive mean and variances at ``x`` (original units), in chunks of rows.
 
-        Memory is bounded by the chunk size whatever the number of test points.
+        Memory is bounded by the chunk size whatever the number of test points: each chunk
+        takes at most ``memory_budget`` bytes (:meth:`chunk_rows`), as each evaluation of a
+        streamed fit does.
 
         Args:
             x: test inputs (m, d), tensor or array.
             mean_only: skip the variances (cheaper).
-            chunk_size: rows per chunk; default: about 32 MiB of a chunk's features (FeatureGP)
-                or of its covariance with the training rows (ExactRBFGP).
+            chunk_size: rows per chunk (default: from ``memory_budget``).
+            memory_budget: bytes one chunk may take — a FeatureGP's features and their
+                intermediates, an ExactRBFGP's covariances with the training rows and among the
+                chunk's rows (default: the model's ``memory_budget``, the one its fit was given,
+                else 256 MiB).  Give at most one of ``chunk_size`` and ``memory_budget``.
 
         Returns:
             The :class:`~alacarte.models.Prediction` (mean, variance, observed_variance).
 
         Raises:
             ValueError: if the model has no training data (nor, for a FeatureGP, a cached
-                posterior), ``x`` has NaN/inf or another number of columns, or a row lies so far
-                outside the training data that its prediction overflows.
+                posterior), ``x`` has NaN/inf or another number of columns, a row lies so far
+                outside the training data that its prediction overflows, or ``chunk_size`` or
+                ``memory_budget`` is bad (not a positive integer, both given, a budget too small
+                for one row).
         """
         if not self._has_data():
             raise ValueError(
@@ -207,20 +230,18 @@ class StandardizedGP(ExactGP):
                 "model.cache_posterior(x, y)) first"
             )
         inner = self.internal_query_inputs(x)
-        if chunk_size is not None:
-            check_positive_int(chunk_size, "chunk_size")
+        chunk_size, memory_budget = check_memory_options(chunk_size, memory_budget)
+        rows = chunk_size or self.chunk_rows(memory_budget)
         was_training = self.training
         self.eval()
         try:
             with self.inference_settings():
-                rows = chunk_size or self._chunk_rows()
                 mean, variance = None, None
                 for start in range(0, inner.shape[0], rows):
                     chunk = self._predict_internal(inner[start : start + rows], mean_only)
-                    # Written into the outputs and dropped, not kept for a torch.cat: every chunk's small
-                    # results, kept while the next chunks' large features came and went, fragmented glibc's
-                    # heap, and the peak memory grew with m after all (+670 MB at m = 160 000 with 512
-                    # features; +84 MB so).
+                    # Written into the outputs and dropped, not kept for a torch.cat: small results held
+                    # while the next chunks' large features come and go fragment glibc's heap, and the peak
+                    # memory grows with m (+670 MB at m = 160 000 with 512 features, against +84 MB).
                     mean = into_rows(mean, chunk[0], start, inner.shape[0])
                     variance = None if mean_only else into_rows(variance, chunk[1], start, inner.shape[0])
                     del chunk

@@ -40,12 +40,9 @@ from ._validation import check_nonnegative_int, check_positive_int, check_seed
 from .factory import EXACT_GP_ROWS, KERNEL_NAMES, exact_gp_cost
 from .holdout import check_fraction
 from .kernels import FeatureKernel
+from .training import fit
 
 __all__ = ["main", "build_parser", "read_table", "COMMANDS"]
-
-# Rows per block when predicting a CSV file (one progress-bar step each).
-_PREDICT_BLOCK = 20_000
-
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import command
@@ -258,8 +255,9 @@ def _predict(args: argparse.Namespace) -> int:
     if args.out:  # before the predictions are computed
         _refuse_overwriting_inputs(_output_path(args.out), args.model, args.data)
     means, stds = [], []
-    for start in tqdm(range(0, len(x), _PREDICT_BLOCK), disable=args.quiet, desc="predict", leave=False):
-        mean, std = reg.predict(x[start:start + _PREDICT_BLOCK], return_std=True, include_noise=not args.latent)
+    block = reg.model_.chunk_rows()  # one chunk of the model's prediction per progress-bar step
+    for start in tqdm(range(0, len(x), block), disable=args.quiet, desc="predict", leave=False):
+        mean, std = reg.predict(x[start:start + block], return_std=True, include_noise=not args.latent)
         means.append(mean)
         stds.append(std)
     mean, std = np.concatenate(means), np.concatenate(stds)
@@ -303,11 +301,9 @@ def _add_demo(commands, common) -> None:
     demo.set_defaults(run=_demo)
 
 
-def _estimator_defaults() -> dict:
-    """The defaults of :class:`~alacarte.AlaCarteRegressor`, which ``alacarte fit`` runs: stated once, there."""
-    from .regressor import AlaCarteRegressor
-
-    return {name: p.default for name, p in inspect.signature(AlaCarteRegressor).parameters.items()}
+def _defaults(function: Callable) -> dict:
+    """The defaults of ``function`` (or a class's constructor), which a command runs: stated once, there."""
+    return {name: p.default for name, p in inspect.signature(function).parameters.items()}
 
 
 def _add_fit(commands, common) -> None:
@@ -316,7 +312,9 @@ def _add_fit(commands, common) -> None:
                                           "and save it as one model file.")
     cmd.add_argument("data", help="CSV file with a header row")
     cmd.add_argument("--target", required=True, help="name of the column to predict; all others are inputs")
-    default = _estimator_defaults()
+    from .regressor import AlaCarteRegressor
+
+    default = _defaults(AlaCarteRegressor)
     cmd.add_argument("--kernel", default=default["kernel"], choices=KERNEL_NAMES,
                      help=f"kernel (default {default['kernel']})")
     cmd.add_argument("--out", help="model file to write (default: DATA with suffix .alacarte)")
@@ -388,9 +386,13 @@ def _add_bench_run(sub, bench) -> None:
     r.add_argument("--data", default=None, help="UCI data folder (default: $ALACARTE_DATA, else the download cache)")
     r.add_argument("--num-samples", type=int, default=512, help="frequencies M (D = 2M features) for every method")
     r.add_argument("--components", default="auto", help="Q for GM, C for PWL: a number or 'auto' (2 if n < 600 else 4)")
-    r.add_argument("--max-iter", type=int, default=100)
-    r.add_argument("--restarts", type=int, default=5)
-    r.add_argument("--restart-iter", type=int, default=15)
+    default = _defaults(fit)  # each cell runs alacarte.fit
+    r.add_argument("--max-iter", type=int, default=default["max_iter"],
+                   help=f"iterations of each final optimisation (default: alacarte.fit's, {default['max_iter']})")
+    r.add_argument("--restarts", type=int, default=default["restarts"],
+                   help=f"random initialisations tried first (default: alacarte.fit's, {default['restarts']})")
+    r.add_argument("--restart-iter", type=int, default=default["restart_iter"],
+                   help=f"iterations per restart (default: alacarte.fit's, {default['restart_iter']})")
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     r.add_argument("--device", default="cpu", help="torch device of every cell: cpu, or cuda[:index] (its rows "

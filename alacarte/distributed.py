@@ -61,9 +61,9 @@ __all__ = ["init", "shard", "check_identical_state", "fit"]
 # Standardisation buffers are set by fit from all processes' rows: not part of the start-up check.
 _SET_BY_FIT = ("input_offset", "input_scale", "target_offset", "target_scale")
 # fit's settings that every process must share (chunk sizes and the progress bar may differ): another lr on one
-# process took its own step after rank 0's last evaluation, and the processes ended with different models without
-# a word; another max_iter, tolerance or standardize ended its loop elsewhere, and the collectives mismatched
-# (gloo: a timeout or an abort).  Of the checkpoint, only whether there is one (rank 0 alone writes it).
+# process would take its own step after rank 0's last evaluation, and the processes would end with different
+# models without a word; another max_iter, tolerance or standardize ends its loop elsewhere, and the collectives
+# mismatch (gloo: a timeout or an abort).  Of the checkpoint, only whether there is one (rank 0 alone writes it).
 _SHARED_SETTINGS = ("optimizer", "max_iter", "restarts", "restart_iter", "lr", "tolerance", "standardize", "seed",
                     "checkpoint")
 
@@ -79,7 +79,7 @@ def init(timeout: float = 300.0, backend: str | None = None) -> None:
     """
     if not dist.is_available():
         raise ValueError("this torch build has no torch.distributed support")
-    # torch took 0 or a negative timeout for one, and every process failed to connect "after -5000ms"
+    # torch takes 0 or a negative timeout for one, and every process then fails to connect "after -5000ms"
     timeout = check_real(timeout, "timeout", 0)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
@@ -169,8 +169,8 @@ def check_identical_state(model, group=None, timeout: float | None = None) -> No
     seed = getattr(model.covar_module, "seed", -1)
     seed = seed - 2**64 if seed >= 2**63 else seed  # seeds go up to 2⁶⁴ − 1; the tensor is int64
     # Which parameters are trained decides what every evaluation broadcasts and sums: frozen otherwise on one
-    # process, the collectives mismatched (gloo aborted that process) or, where their sizes agreed, paired other
-    # parameters (rank 1's noise took rank 0's mean constant), and the processes ended with different models.
+    # process, the collectives mismatch (gloo aborts that process) or, where their sizes agree, pair other
+    # parameters (rank 1's noise takes rank 0's mean constant), and the processes end with different models.
     trained = _checksum(torch.tensor([p.requires_grad for p in model.parameters()]))
     state = model.state_dict()
     # (A model in another dtype differs in every tensor's checksum; named as such, not as every tensor.)
@@ -293,7 +293,7 @@ def fit(
     problem = None
     try:
         # Before the pass over the rows (as alacarte.fit does: a bad path must not cost one), and inside the
-        # agreement: refused on one process alone, the others failed on a closed connection.
+        # agreement: refused on one process alone, the others would fail on a closed connection.
         if fit_kwargs.get("checkpoint") is not None:
             checkpoint_path(fit_kwargs["checkpoint"])
         if isinstance(x, ChunkedData):  # as alacarte.fit takes it, summed over the group
@@ -308,8 +308,8 @@ def fit(
         if isinstance(model, FeatureGP):  # (fit refuses other models on every process alike)
             # Rows are validated as they are read: read them all once here, so that a bad row on one
             # process (NaN, another column count, a chunk source with no rows) makes every process
-            # raise below. Found in the first pass of training instead, it stopped that process alone,
-            # and the others failed on a closed connection (RuntimeError) or waited for the timeout.
+            # raise below. Found in the first pass of training instead, it would stop that process alone,
+            # and the others would fail on a closed connection (RuntimeError) or wait for the timeout.
             for _ in data.chunks(model):
                 pass
     except ValueError as err:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 
 import gpytorch
 import torch
@@ -12,6 +11,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
+from ._chunks import rows_within
 from ._standardized import StandardizedGP
 from .woodbury import NotPositiveDefiniteError
 
@@ -22,8 +22,8 @@ class _RBFKernel(RBFKernel):
     """GPyTorch's RBF kernel, whose predictions do not couple the test rows through round-off.
 
     GPyTorch expands ‖a − b‖² = ‖a‖² + ‖b‖² − 2aᵀb about the mean of x1, which for a prediction is
-    the test chunk: one test row far outside the data moved that mean and every other row's distances
-    drowned in cancellation (a row at 1e8 beside [0.5, 0.5, 0.5] moved its mean from 0.409 to −0.483,
+    the test chunk: one test row far outside the data moves that mean and every other row's distances
+    drown in cancellation (a row at 1e8 beside [0.5, 0.5, 0.5] moves its mean from 0.409 to −0.483,
     at 1e10 to 9.11; their posterior covariance from 0.00108 to −0.0141). A cross-covariance is
     centred on the training inputs (x2 there) instead: k(x1, x2) = k(x2, x1)ᵀ. The covariance of
     equal inputs is taken from exact differences in eval mode (test–test blocks, O(m²) anyway); in
@@ -86,7 +86,7 @@ class ExactRBFGP(StandardizedGP):
 
     def __call__(self, *args, **kwargs):
         # GPyTorch keeps an ExactGP's prediction cache (K⁻¹y, a root of K⁻¹) until .train(): a model
-        # queried, then given a new noise or lengthscale in eval mode, predicted with the old mean.
+        # queried, then given a new noise or lengthscale in eval mode, would predict with the old mean.
         if self.training:
             return super().__call__(*args, **kwargs)
         if self.prediction_strategy is not None and not self._unchanged_since(getattr(self, "_strategy_parameters",
@@ -103,7 +103,7 @@ class ExactRBFGP(StandardizedGP):
 
     def _apply(self, fn):
         # GPyTorch's ExactGP converts its training data here but keeps its prediction cache (K⁻¹y and
-        # a root of K⁻¹ in the old dtype and device): a model that predicted in float32 failed to
+        # a root of K⁻¹ in the previous dtype and device): a model that predicted in float32 could not
         # predict after .double() ("expected m1 and m2 to have the same dtype").
         self._clear_cache()
         return super()._apply(fn)
@@ -115,13 +115,13 @@ class ExactRBFGP(StandardizedGP):
         stack.enter_context(gpytorch.settings.fast_computations(False, False, False))
         return stack
 
-    def _rows_within(self, budget: int) -> int:
+    def _rows_within(self, memory_budget: int) -> int:
         # GPyTorch evaluates a chunk's test–test covariance (rows × rows) beside its rows × n cross-covariance,
-        # even for the mean alone: rows·(n + rows) numbers within the budget (32 MiB / 8n rows alone made the
-        # test block of n = 200 training rows 20 971 × 20 971, 3.5 GB).
+        # even for the mean alone: rows·(n + rows) numbers within the budget (a bound on the cross-covariance
+        # alone lets a chunk's test block of 20 000 rows take 3.2 GB).
+        itemsize = torch.finfo(self._model_dtype()).bits // 8
         n = self.train_inputs[0].shape[0]
-        numbers = budget // 8
-        return max(1, (math.isqrt(n * n + 4 * numbers) - n) // 2)
+        return rows_within(memory_budget, n * itemsize, square_bytes=itemsize)
 
     def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
         try:

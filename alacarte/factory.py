@@ -137,7 +137,7 @@ def make_model(
         'SpectralMixtureFastfoodKernel'
     """
     num_dims = check_positive_int(num_dims, "num_dims")
-    seed = check_seed(seed)  # here, not only in the feature kernels: an exact model ignored seed="x" silently
+    seed = check_seed(seed)  # here, not only in the feature kernels: an exact model draws nothing to check it
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     if isinstance(kernel, FeatureKernel):

@@ -117,9 +117,9 @@ def _build_kernel(record: Any, field: str, budget: int) -> FeatureKernel:
     if "active_dims" in config:
         config["active_dims"] = torch.tensor(config["active_dims"])
     num_dims, num_samples = config.pop("num_dims"), config.pop("num_samples")
-    # Kernels took ard_num_dims=1 for one shared lengthscale until they were made to refuse it (GPyTorch reads it
-    # as the input width); a streamed fit trained and saved such kernels. Their lengthscale is (*batch, 1, 1), as
-    # with ard_num_dims=None, so files written then rebuild with None.
+    # Kernels refuse ard_num_dims=1 for one shared lengthscale (GPyTorch reads it as the input width), but
+    # files may hold it. Its lengthscale is (*batch, 1, 1), as with ard_num_dims=None, so such files
+    # rebuild with None.
     if config.get("ard_num_dims") == 1 and num_dims > 1:
         del config["ard_num_dims"]
     try:
@@ -382,7 +382,7 @@ def save_model(model: FeatureGP | ExactRBFGP | AlaCarteRegressor, path: str | os
     from . import __version__
 
     path = check_model_path(path)
-    # (Anything else came back otherwise: [] as {}, {1: x} as {"1": x}; a str broke the command line.)
+    # (Anything else would come back otherwise: [] as {}, {1: x} as {"1": x}; a str breaks the command line.)
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(k, str) for k in metadata)):
         raise ValueError(f"metadata must be a dict with str keys, got {metadata!r:.80}")
     try:
@@ -432,8 +432,8 @@ def load_with_metadata(path: str | os.PathLike) -> tuple[FeatureGP | ExactRBFGP 
     header, payload = _read(path)
     metadata = header.get("metadata", {})
     # The header, readable without torch, is not under the checksum: a damaged byte in it could rename
-    # a column the command line then reads. The body holds a checksummed copy (files written before
-    # it did have only the header's). Compared as JSON text, where NaN equals NaN.
+    # a column the command line then reads. The body holds a checksummed copy (where a file has one:
+    # some hold only the header's). Compared as JSON text, where NaN equals NaN.
     if "metadata" in payload and _json(payload["metadata"]) != _json(metadata):
         raise ValueError(f"{path} is damaged: the metadata in its header differ from their checksummed copy")
     build = _build_regressor if payload.get("kind") == "AlaCarteRegressor" else _build_model

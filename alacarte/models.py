@@ -21,6 +21,7 @@ from gpytorch.likelihoods import GaussianLikelihood
 from linear_operator.operators import LowRankRootLinearOperator
 from torch import Tensor
 
+from ._chunks import rows_within
 from ._standardized import Prediction, StandardizedGP, into_rows
 from ._validation import as_tensor, check_inputs, check_positive_int, check_seed
 from .exact import ExactRBFGP
@@ -61,7 +62,7 @@ class FunctionSamples:
         weights = self.weights.transpose(-1, -2).to(inner.dtype)
         # A chunk of rows at a time, as predict: the features of all m rows at once are m×D (655 MB at
         # m = 160 000, D = 512).
-        f, rows = None, model._chunk_rows()
+        f, rows = None, model.chunk_rows()
         for start in range(0, inner.shape[0], rows):
             part = inner[start : start + rows]
             values = model.mean_module(part).unsqueeze(-1) + model.covar_module.features(part) @ weights
@@ -151,7 +152,7 @@ class FeatureGP(StandardizedGP):
         (internal units, as ``model(x)``); targets ``(f, m)`` give ``f`` fantasies at once.
 
         GPyTorch's version updates the prediction cache of its own eval path, which a
-        FeatureGP does not use (it raised "Call the model on some data first!" whatever
+        FeatureGP does not use (it raises "Call the model on some data first!" whatever
         was called); here the weight posterior is recomputed from the n + m rows.
 
         Args:
@@ -194,7 +195,7 @@ class FeatureGP(StandardizedGP):
     def posterior(self) -> WoodburyPosterior:
         """The weight posterior for the current training data and parameters (cached in eval mode;
         recomputed when a parameter or buffer changed since, e.g. ``model.likelihood.noise = v``)."""
-        # (getattr: a model pickled before the snapshot existed has no such attribute)
+        # (getattr: a model pickled without the snapshot attribute has none)
         if self._posterior is not None and not self._unchanged_since(getattr(self, "_posterior_parameters", None)):
             self._posterior = None
         if self._posterior is None or self.training:
@@ -211,11 +212,11 @@ class FeatureGP(StandardizedGP):
                 (x,) = self.train_inputs
                 r = self.train_targets - self.mean_module(x)
                 # Without a graph to keep, the statistics are summed over predict's chunks of rows: the features
-                # of all n rows at once were n×D (+625 MB for 160 000 rows and 512 features, also in a process
+                # of all n rows at once are n×D (625 MB for 160 000 rows and 512 features, also in a process
                 # that only loads a model and predicts).
                 n = x.shape[-2]
-                rows = self._chunk_rows() if detach else max(n, 1)
-                # (No rows at all still give the prior's statistics, as the one product did.)
+                rows = self.chunk_rows() if detach else max(n, 1)
+                # (No rows at all still give the prior's statistics, as one product over them would.)
                 stats = functools.reduce(operator.add, (
                     sufficient_statistics(self.covar_module.features(x[..., s : s + rows, :]), r[..., s : s + rows])
                     for s in range(0, n, rows) or [0]))
@@ -239,7 +240,8 @@ class FeatureGP(StandardizedGP):
         ΦᵀΦ, Φᵀr, rᵀr and n (:func:`alacarte.streaming.streamed_statistics`);
         the training features are never held.  The model is put in eval mode
         and drops any training tensors it held, so :meth:`predict` and
-        :meth:`sample_functions` use this posterior until the next training.
+        :meth:`sample_functions` use this posterior until the next training, in chunks
+        within the same ``memory_budget``.
 
         Args:
             x, y: the data, as for :class:`~alacarte.streaming.ChunkedData`: ``x`` (n, d) and
@@ -274,6 +276,8 @@ class FeatureGP(StandardizedGP):
         self.eval()
         stats = streamed_statistics(self, data)
         self.train_inputs, self.train_targets = None, None
+        if data.chunk_size is None:
+            self.memory_budget = data.memory_budget
         self._keep_posterior(WoodburyPosterior(stats, homoskedastic_noise(self.likelihood)))
         return self._posterior
 
@@ -339,9 +343,10 @@ class FeatureGP(StandardizedGP):
         weights = posterior.weights.unsqueeze(-1) + posterior.noise.sqrt()[..., None, None] * spread
         return FunctionSamples(self, weights.transpose(-1, -2).contiguous())
 
-    def _rows_within(self, budget: int) -> int:
+    def _rows_within(self, memory_budget: int) -> int:
+        # A row's features, the Fastfood projection they come from and their whitened copy for the variance.
         itemsize = torch.finfo(self._model_dtype()).bits // 8
-        return max(1, budget // (3 * self.covar_module.num_features * itemsize))
+        return rows_within(memory_budget, 3 * self.covar_module.num_features * itemsize)
 
     def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
         posterior, phi, mean = self._posterior_mean(x)

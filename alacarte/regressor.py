@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 
 import gpytorch
@@ -25,6 +26,15 @@ from .models import FeatureGP
 from .training import FitHistory, fit
 
 __all__ = ["AlaCarteRegressor", "kernel_relevance"]
+
+
+def _defaults(function) -> dict:
+    return {name: p.default for name, p in inspect.signature(function).parameters.items()}
+
+
+# The estimator's settings default to those of the two functions it calls, stated once there.
+_MODEL = _defaults(make_model)
+_FIT = _defaults(fit)
 
 
 def _as_seed(random_state) -> int:
@@ -130,14 +140,14 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self,
         kernel: str | FeatureKernel = "gm",
         *,
-        num_samples: int = 256,
-        num_components: int = 4,
-        max_iter: int = 100,
-        restarts: int = 5,
-        restart_iter: int = 15,
-        optimizer: str = "lbfgs",
-        validation_fraction: float | str = "auto",
-        random_state: int | np.random.RandomState | None = 0,
+        num_samples: int = _MODEL["num_samples"],
+        num_components: int = _MODEL["num_components"],
+        max_iter: int = _FIT["max_iter"],
+        restarts: int = _FIT["restarts"],
+        restart_iter: int = _FIT["restart_iter"],
+        optimizer: str = _FIT["optimizer"],
+        validation_fraction: float | str = _FIT["validation_fraction"],
+        random_state: int | np.random.RandomState | None = _FIT["seed"],
         progress: bool = False,
     ):
         self.kernel = kernel

@@ -54,8 +54,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._chunks import RowTally, holds_chunks, is_array, read_rows
-from ._validation import as_tensor, check_inputs, check_learnable_targets, check_positive_int, check_targets
+from . import _chunks
+from ._chunks import RowTally, check_memory_options, holds_chunks, is_array, read_rows, rows_within
+from ._validation import as_tensor, check_inputs, check_learnable_targets, check_targets
 from .mll import WoodburyMarginalLogLikelihood
 from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics
 
@@ -69,8 +70,8 @@ __all__ = [
 ]
 
 #: Bytes one evaluation of a streamed fit may use for features when neither ``chunk_size`` nor
-#: ``memory_budget`` is given (256 MiB).
-DEFAULT_MEMORY_BUDGET = 256 * 2**20
+#: ``memory_budget`` is given (256 MiB): the package's one default, also that of prediction.
+DEFAULT_MEMORY_BUDGET = _chunks.DEFAULT_MEMORY_BUDGET
 # Rows gathered from the first chunks for the data-driven initialisation of restarts.
 _INIT_ROWS = 10_000
 
@@ -96,16 +97,12 @@ def rows_per_chunk(num_features: int, num_dims: int, itemsize: int, memory_budge
         ValueError: if ``memory_budget`` is not a positive integer or too small for the D×D
             part and one row (the message says how much is enough).
     """
-    check_positive_int(memory_budget, "memory_budget")
-    fixed = 5 * num_features**2 * statistics_itemsize
-    per_row = 6 * num_features * max(itemsize, statistics_itemsize) + 4 * num_dims * itemsize
-    if memory_budget < fixed + per_row:
-        raise ValueError(
-            f"memory_budget={memory_budget} bytes is too small for D = {num_features} features: the D×D "
-            f"statistics alone take {fixed} bytes and each row {per_row} more; allow at least "
-            f"{fixed + 64 * per_row} bytes"
-        )
-    return int((memory_budget - fixed) // per_row)
+    return rows_within(
+        memory_budget,
+        6 * num_features * max(itemsize, statistics_itemsize) + 4 * num_dims * itemsize,
+        fixed_bytes=5 * num_features**2 * statistics_itemsize,
+        what=f"the D×D statistics of D = {num_features} features",
+    )
 
 
 class ChunkedData:
@@ -151,12 +148,8 @@ class ChunkedData:
         group=None,
         distributed: bool = False,
     ):
-        if chunk_size is not None and memory_budget is not None:
-            raise ValueError("give chunk_size or memory_budget, not both")
-        self.chunk_size = None if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
-        self.memory_budget = (
-            DEFAULT_MEMORY_BUDGET if memory_budget is None else check_positive_int(memory_budget, "memory_budget")
-        )
+        self.chunk_size, memory_budget = check_memory_options(chunk_size, memory_budget)
+        self.memory_budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget
         if statistics_dtype is not None and statistics_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"statistics_dtype must be torch.float32 or torch.float64, got {statistics_dtype!r}")
         self.statistics_dtype = statistics_dtype

@@ -128,7 +128,8 @@ class FeatureKernelTestCase(BaseKernelTestCase):
             self.assertAllClose(kernel(a, b, diag=True).detach(), full.detach(), rtol=1e-12, atol=1e-12)
 
     def test_is_stationary(self):
-        """GPyTorch's ``is_stationary`` (default: has a lengthscale) was False for GM and SSGPR; check the claim too."""
+        """GPyTorch's ``is_stationary`` (default: has a lengthscale) would be False for GM and SSGPR; check the
+        claim too."""
         kernel = self.make_kernel(3).double()
         self.assertTrue(kernel.is_stationary)
         x1, x2 = torch.randn(6, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)

@@ -24,8 +24,8 @@ def _callables(cls):
 
 @pytest.mark.parametrize("module", MODULES)
 def test_all_lists_only_names_the_module_has(module):
-    """Every public module that defines anything says what it exports (alacarte.cli and
-    alacarte.ops.autograd did not: ``import *`` took their imports too), and only names it has."""
+    """Every public module that defines anything says what it exports (without ``__all__``, ``import *``
+    takes a module's imports too), and only names it has."""
     module = importlib.import_module(module)
     defined = [name for name, value in vars(module).items()
                if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__]
@@ -38,7 +38,7 @@ def test_public_classes_annotate_their_arguments():
     """Every argument of the exported classes' constructors and public methods, and of the plotting
     and training functions, has a type hint, and every such method or function a return hint
     (random_state, ExactRBFGP's likelihood, WoodburyMarginalLogLikelihood's model, plot_spectrum's
-    ax and input_scale had none; nor had FeatureKernel.forward or plot_relevance a return hint)."""
+    ax and input_scale included)."""
     import alacarte.plotting
     import alacarte.training
 
@@ -93,12 +93,12 @@ def _undocumented(documented: list[str]) -> list[str]:
 
 
 def test_every_public_name_has_an_api_reference_entry():
-    """Every name in an ``__all__`` is documented in docs/api.rst (21 were not: the command line and
-    benchmark functions, ``marginal_log_likelihood``, ``SimplexStep``, ``UCI_NUM_SPLITS`` …), by an
+    """Every name in an ``__all__`` is documented in docs/api.rst (the command line and benchmark
+    functions, ``marginal_log_likelihood``, ``SimplexStep``, ``UCI_NUM_SPLITS`` too), by an
     ``autoclass``/``autofunction``/``autodata`` of it or an ``automodule`` whose members include it; and
     each such entry, and each method an ``autoclass`` lists, has a docstring (or, for a constant, a
-    ``#:`` comment), without which autodoc drops it from the page without a word (the RFFNet
-    estimators' and DerivativeSelector's fit and predict were listed and missing)."""
+    ``#:`` comment), without which autodoc drops it from the page without a word (a method listed
+    and missing from the page)."""
     import re
     from pathlib import Path
 
@@ -133,9 +133,8 @@ def test_every_public_name_has_an_api_reference_entry():
 
 @pytest.mark.slow
 def test_docs_build_with_warnings_as_errors_and_no_private_bases(tmp_path):
-    """``sphinx -W`` builds the docs (fit's ``|loss|`` once stopped it), and no "Bases:" line names
-    a private class (ExactRBFGP, FeatureGP and the RFFNet estimators showed _StandardizedGP and
-    _RFFNetBase, classes without a page)."""
+    """``sphinx -W`` builds the docs (an unquoted ``|loss|`` in a docstring stops it), and no "Bases:"
+    line names a private class (such as _StandardizedGP or _RFFNetBase, classes without a page)."""
     import re
     import subprocess
     import sys
@@ -151,7 +150,7 @@ def test_docs_build_with_warnings_as_errors_and_no_private_bases(tmp_path):
     bases = re.findall(r"Bases: (.*?)</p>", page, re.S)
     assert bases and not [b for b in bases if re.search(r">_[A-Za-z]", b)]
     # Fitted attributes keep their trailing underscore on the page: napoleon's field name ``model_``
-    # was read as a hyperlink reference, and AlaCarteRegressor's page listed model, history, n_iter …
+    # can be read as a hyperlink reference, and AlaCarteRegressor's page would list model, history, n_iter …
     fitted = {name for cls in (alacarte.AlaCarteRegressor, alacarte.SRFFRegressor)
               for name in re.findall(r"^ {8}(\w+_):", cls.__doc__, re.M)}
     assert {"model_", "history_", "output_weights_"} <= fitted
@@ -164,3 +163,12 @@ def test_docs_build_with_warnings_as_errors_and_no_private_bases(tmp_path):
     built = [name for kind, entries in inventory.items() if kind.startswith("py:") and kind != "py:module"
              for name in entries]
     assert not _undocumented(built)
+
+
+def test_public_surface_is_small():
+    assert set(alacarte.__all__) == {
+        "FeatureKernel", "FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "RandomFourierKernel",
+        "SSGPRKernel", "SpectralMixtureFastfoodKernel", "PiecewiseLinearRadialKernel", "FeatureGP", "ExactRBFGP",
+        "WoodburyMarginalLogLikelihood", "fit", "AlaCarteRegressor", "list_uci", "load_uci",
+        "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier", "DerivativeSelector",
+    }

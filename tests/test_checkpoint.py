@@ -196,9 +196,9 @@ def test_a_kernel_or_constraint_built_otherwise_makes_another_fit(tmp_path):
 
 
 def test_a_checkpoint_of_the_previous_format_is_refused_as_such(tmp_path):
-    """Format-1 checkpoints hashed the model without its settings (and held torch's generator): resumed
-    after the fingerprint changed, one was refused as "the model given to fit differs" for the very
-    model that wrote it (and a new one by the older code likewise).  The format version says why."""
+    """A checkpoint of another format fingerprints the model otherwise: read as this format, it would be
+    refused as "the model given to fit differs" for the very model that wrote it.  The format version
+    says why."""
     from alacarte._checkpoint import FORMAT_VERSION, SIGNATURE, _read_record
     from alacarte._files import write_checked
 
@@ -212,10 +212,10 @@ def test_a_checkpoint_of_the_previous_format_is_refused_as_such(tmp_path):
 
 
 def test_a_numpy_integer_setting_resumes_the_fit_of_its_python_integer(tmp_path):
-    """ard_num_dims was stored as given: np.int64(4) (what X.shape arithmetic in numpy gives) stayed a
-    numpy integer, which the model fingerprint skips where it hashes a Python 4, so the very same fit
-    was refused as "the model given to fit differs".  ard_num_dims is now an int, checked like
-    num_dims (4.0 was a TypeError from torch.zeros, True was taken as 1)."""
+    """Stored as given, np.int64(4) (what X.shape arithmetic in numpy gives) would stay a numpy integer,
+    which the model fingerprint skips where it hashes a Python 4, so the very same fit would be refused
+    as "the model given to fit differs".  ard_num_dims is stored as an int, checked like num_dims (4.0
+    would be a TypeError from torch.zeros, True taken as 1)."""
     x, y = _data()
     settings = dict(max_iter=3, restarts=1, restart_iter=2, progress=False)
     path = tmp_path / "fit.ckpt"
@@ -231,8 +231,8 @@ def test_a_numpy_integer_setting_resumes_the_fit_of_its_python_integer(tmp_path)
 
 
 def test_the_model_fingerprint_reads_numpy_scalars_as_the_python_values_they_equal():
-    """Any plain setting, not only ard_num_dims: np.float64(0.5) printed as 'np.float64(0.5)' and
-    np.int64 was skipped, so the same model spelt with numpy scalars fingerprinted otherwise."""
+    """Any plain setting, not only ard_num_dims: np.float64(0.5) must not hash as 'np.float64(0.5)' nor
+    np.int64 be skipped, so that the same model spelt with numpy scalars fingerprints alike."""
     from alacarte._checkpoint import model_fingerprint
 
     def build(value):
@@ -330,9 +330,9 @@ def test_a_sigkilled_fit_resumes_bit_for_bit(tmp_path):
 
 
 def test_a_checkpoint_that_cannot_be_written_is_refused_before_the_fit(tmp_path):
-    """The checkpoint path was checked for a directory only: a link into a missing directory (and a
-    read-only directory) failed at the first save, after the first stage's work, with a bare
-    FileNotFoundError naming the temporary file."""
+    """The checkpoint path is checked for being writable, not only for a directory: a link into a missing
+    directory (or a read-only directory) would fail at the first save, after the first stage's work,
+    with a bare FileNotFoundError naming the temporary file."""
     x, y = _data()
     (tmp_path / "fit.ckpt").symlink_to(tmp_path / "gone" / "fit.ckpt")
     model = FeatureGP(None, None, FSARDKernel(4, 16, seed=0)).double()

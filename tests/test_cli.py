@@ -102,7 +102,7 @@ def test_plot_writes_a_png(fitted, capsys):
     ("a,b,target\n1,2,3\n4,abc,6\n", r"line 3, column 'b': 'abc' is not a number"),
     ("a,b,target\n1,2,3\n4,nan,6\n", r"line 3, column 'b': nan is not allowed"),
     ("a,b,target\n1,2,3\n4,inf,6\n", r"line 3, column 'b': inf is not allowed"),
-    # was '1e400 is not allowed (every value must be finite)': it is finite, float64 cannot hold it
+    # not '1e400 is not allowed (every value must be finite)': it is finite, float64 cannot hold it
     ("a,b,target\n1,2,3\n4,-1e400,6\n", r"line 3, column 'b': -1e400 is beyond the range of float64"),
     ("a,b,target\n1,,3\n", r"line 2, column 'b': empty cell"),
     ("a,b,target\n1,2,3\n4,5\n", r"line 3: 2 fields, but the header has 3"),
@@ -128,7 +128,7 @@ def test_bad_csv_files_fail_with_one_line(tmp_path, capsys, content, message):
 
 @pytest.mark.parametrize("kernel, message", [
     ("exact-rbf", "exact GP (exact-rbf): it has no learned spectrum to draw (`alacarte fit --json` reports"),
-    # was 'no spectrum picture for RandomFourierKernel', naming neither the file, its kernel nor what plot draws
+    # not 'no spectrum picture for RandomFourierKernel' alone, naming neither the file, its kernel nor what plot draws
     ("rks", "model.alacarte (rks): no spectrum picture for RandomFourierKernel: pictures exist for GM, PWL and"),
 ])
 def test_plot_of_a_model_without_a_spectrum_picture_is_a_clear_error(kernel, message, tmp_path, capsys):
@@ -142,7 +142,7 @@ def test_plot_of_a_model_without_a_spectrum_picture_is_a_clear_error(kernel, mes
 
 
 def test_predict_reads_only_the_models_columns(fitted, tmp_path, capsys):
-    """Other columns are ignored, whatever they hold (an id or a name column used to stop predict)."""
+    """Other columns are ignored, whatever they hold (an id or a name column must not stop predict)."""
     _, model, new, _, _ = fitted
     assert main(["predict", model, new, "-q"]) == 0
     expected = capsys.readouterr().out
@@ -243,7 +243,7 @@ def test_fit_reports_the_training_rmse_of_targets_in_any_units(tmp_path, capsys)
 
 
 def test_predict_refuses_a_row_whose_prediction_overflows(fitted, tmp_path, capsys):
-    """A finite 1.7e308 overflows ω·x: its prediction was written as 'nan,nan' with exit status 0."""
+    """A finite 1.7e308 overflows ω·x: an error, not a prediction written as 'nan,nan' with exit status 0."""
     _, model, _, _, _ = fitted
     far = write_csv(tmp_path / "far.csv", ["a", "b", "c"], [[0.5, 0.5, 0.5], [1.7e308, 0, 0]])
     assert main(["predict", model, far, "-q"]) == 2
@@ -314,8 +314,8 @@ def test_every_option_is_documented_in_docs_command_line():
 
 @pytest.mark.parametrize("out", ["missing/m.alacarte", ".", "read-only/m.alacarte"])
 def test_fit_refuses_an_unwritable_out_before_it_fits(out, tmp_path, capsys, monkeypatch):
-    """--out in a missing directory (or naming a directory, or in one the user may not write to) was
-    refused by save_model after the fit, throwing the fit away (50 s on 300 rows here)."""
+    """--out in a missing directory (or naming a directory, or in one the user may not write to) is
+    refused before the fit: refused by save_model after it, the fit (50 s on 300 rows here) is lost."""
     import tempfile
 
     from alacarte.regressor import AlaCarteRegressor
@@ -341,8 +341,8 @@ def test_fit_refuses_an_unwritable_out_before_it_fits(out, tmp_path, capsys, mon
 
 
 def test_fit_of_a_missing_data_file_names_the_data_not_the_model(tmp_path, capsys):
-    """With --out checked before the data were read, a missing data/x.csv was reported as 'cannot write
-    data/x.alacarte' (its default model path)."""
+    """The data are read before --out is checked: else a missing data/x.csv would be reported as
+    'cannot write data/x.alacarte' (its default model path)."""
     assert main(["fit", str(tmp_path / "data" / "x.csv"), "--target", "y", "-q"]) == 2
     assert "x.csv: no such file" in capsys.readouterr().err
 
@@ -366,7 +366,7 @@ def test_an_output_that_names_an_input_file_is_refused(fitted, tmp_path, capsys)
 
 @pytest.mark.parametrize("out", ["missing/p.csv", ".", "read-only/p.csv"])
 def test_predict_and_plot_refuse_an_unwritable_out_before_the_work(fitted, out, tmp_path, capsys, monkeypatch):
-    """'predict --out missing_dir/p.csv' computed every prediction, then failed to write them."""
+    """'predict --out missing_dir/p.csv' is refused before any prediction is computed, not after."""
     import tempfile
 
     from alacarte.regressor import AlaCarteRegressor
@@ -453,3 +453,24 @@ def test_fit_takes_its_defaults_from_the_estimator():
              "max_iter": "max_iter", "restarts": "restarts", "restart_iter": "restart_iter", "seed": "random_state",
              "validation_fraction": "validation_fraction"}
     assert {flag: getattr(args, flag) for flag in flags} == {flag: estimator[name] for flag, name in flags.items()}
+
+
+def test_the_estimator_and_bench_run_take_their_defaults_from_make_model_and_fit():
+    import inspect
+
+    from alacarte import AlaCarteRegressor, fit
+    from alacarte.cli import build_parser
+    from alacarte.factory import make_model
+
+    def defaults(function):
+        return {name: p.default for name, p in inspect.signature(function).parameters.items()}
+
+    estimator, model, fitting = defaults(AlaCarteRegressor), defaults(make_model), defaults(fit)
+    assert {name: estimator[name] for name in ("num_samples", "num_components")} == \
+        {name: model[name] for name in ("num_samples", "num_components")}
+    shared = ("max_iter", "restarts", "restart_iter", "optimizer", "validation_fraction")
+    assert {name: estimator[name] for name in shared} == {name: fitting[name] for name in shared}
+    assert estimator["random_state"] == fitting["seed"]
+    args = build_parser().parse_args(["bench", "run", "--datasets", "yacht", "--csv", "out.csv"])
+    assert (args.max_iter, args.restarts, args.restart_iter) == \
+        (fitting["max_iter"], fitting["restarts"], fitting["restart_iter"])

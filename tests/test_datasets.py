@@ -51,7 +51,8 @@ def test_seeds_are_checked_and_a_list_seed_cannot_draw_the_fixed_rosasco_test_se
 def test_an_unknown_rosasco_function_is_named_as_such():
     from alacarte.datasets import make_rosasco, rosasco_split
 
-    # rosasco_split("f4", seed=10_000) said 'seed 10000 draws the fixed test set of f4'
+    # the unknown function is named: rosasco_split("f4", seed=10_000) is not 'seed 10000 draws the fixed
+    # test set of f4'
     for function in ("f4", "F1", None, ["f1"]):
         with pytest.raises(ValueError, match="function must be one of"):
             rosasco_split(function, seed=10_000)
@@ -62,7 +63,7 @@ def test_an_unknown_rosasco_function_is_named_as_such():
 def test_a_bad_rosasco_noise_fraction_is_a_value_error():
     from alacarte.datasets import make_rosasco, rosasco_split
 
-    # "0.1" and None raised TypeError from '>=', True was taken as 1.0
+    # unchecked, "0.1" and None would raise TypeError from '>=', and True be taken as 1.0
     for bad in (-0.1, float("nan"), float("inf"), "0.1", None, True, np.array([0.1, 0.2])):
         with pytest.raises(ValueError, match="noise_fraction"):
             make_rosasco("f1", 3, noise_fraction=bad)
@@ -87,6 +88,6 @@ def test_rosasco_mean_abs_constants_are_right_to_round_off():
         antiderivative = np.polyint([c, 0.0, -c, k])
         return sum(abs(np.polyval(antiderivative, hi) - np.polyval(antiderivative, lo)) for lo, hi in zip(ends, ends[1:]))
 
-    # the constant was 59.972864355, 2.3e-7 below this
+    # to 1e-10: 59.972864355, 2.3e-7 below this, would fail
     mean_abs = integrate.quad(inner, -3, 3, points=[-1.0, 0.5], epsabs=1e-12, epsrel=1e-12, limit=500)[0] / 36
     assert ROSASCO_MEAN_ABS["f2"] == pytest.approx(mean_abs, rel=1e-10)

@@ -72,8 +72,8 @@ def test_impossible_shards_are_refused(num_rows, rank, world_size, message):
 
 @pytest.mark.parametrize("timeout", [0, -5.0, float("nan"), float("inf")])
 def test_impossible_timeouts_are_refused(timeout):
-    """torch took 0 and −5 for timeouts (every process then failed to connect 'after -5000ms'), NaN and ∞
-    failed in timedelta ('cannot convert float NaN to integer', OverflowError)."""
+    """torch takes 0 and −5 for timeouts (every process then fails to connect 'after -5000ms'), NaN and ∞
+    fail in timedelta ('cannot convert float NaN to integer', OverflowError): refused first."""
     with pytest.raises(ValueError, match="timeout must be a finite number in"):
         alacarte.distributed.init(timeout=timeout)
 
@@ -155,8 +155,8 @@ def test_mismatched_seed_is_reported(tmp_path):
 
 
 def test_a_model_in_another_dtype_on_one_process_is_reported_as_such(tmp_path):
-    """A float32 model on rank 1 against float64 on rank 0 was reported as differing in every one of its
-    tensors, with the advice to build the kernel with the same seed."""
+    """A float32 model on rank 1 against float64 on rank 0 is named as such, not as differing in every
+    one of its tensors with the advice to build the kernel with the same seed."""
     results, _ = _launch("dtype", tmp_path)
     for r, dtype in ((0, "torch.float64"), (1, "torch.float32")):
         message = results[r].get("error", "")

@@ -67,7 +67,7 @@ def _rendered_docstrings() -> list:
 
 def test_docstrings_are_valid_restructuredtext():
     """docs/api.rst renders the docstrings with napoleon and ``sphinx -W``: a reStructuredText error in
-    one (``|loss|`` read as an undefined substitution in fit's docstring) failed the whole docs build.
+    one (``|loss|`` read as an undefined substitution, say) fails the whole docs build.
     Each docstring goes through napoleon and docutils here, Sphinx's roles read as literals; warnings
     count too (an unquoted ``(*batch, M)`` shape opens an emphasis)."""
     import inspect

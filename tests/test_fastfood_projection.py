@@ -122,8 +122,8 @@ def test_many_rows_and_float32():
 
 @pytest.mark.parametrize("batch_shape", [(), (2,)])
 def test_zero_rows_fwht_path(batch_shape):
-    """n = 0 rows (which GPyTorch's kernels accept): the FWHT path failed to reshape the empty inputs
-    (RuntimeError "cannot reshape tensor of 0 elements"), and it is the default for d > 512."""
+    """n = 0 rows (which GPyTorch's kernels accept) on the FWHT path, the default for d > 512: no
+    RuntimeError "cannot reshape tensor of 0 elements"."""
     sign, perm, gauss, radius = state_tensors(3, 8, batch_shape, requires_grad=True)
     x = torch.zeros(0, 3, dtype=torch.float64, requires_grad=True)
     y = fastfood_project(x, sign, perm, gauss, radius, "fwht")
@@ -182,8 +182,8 @@ def test_threads_do_not_share_scratch():
 
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_second_derivatives(strategy):
-    """The fused backward builds no graph: under create_graph=True its result was taken as a constant in
-    x, B, G and s (gradgradcheck failed; an FSARD Hessian-vector product in the radii was off by 100%)."""
+    """The fused backward builds no graph: under create_graph=True its result must not be taken as a
+    constant in x, B, G and s (an FSARD Hessian-vector product in the radii would be off by 100%)."""
     sign, perm, gauss, radius = state_tensors(3, 6, (2,), requires_grad=True)
     x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(

@@ -166,7 +166,7 @@ def test_threads_do_not_share_scratch():
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_a_child_forked_while_another_thread_transforms_can_transform():
     """The workspace lock is not inherited held: a child forked (a DataLoader worker, say) while another
-    thread held it waited forever at its first transform (5 of 5 children hung)."""
+    thread held it would wait forever at its first transform."""
     import multiprocessing
     import threading
 

@@ -58,11 +58,11 @@ def test_save_load_gives_bit_identical_predictions(name, tmp_path):
 
 
 def test_a_file_of_a_kernel_with_ard_num_dims_1_still_loads(tmp_path):
-    """Kernels took ard_num_dims=1 for one shared lengthscale until they refused it; a streamed fit trained
-    such a kernel, and its file, saved then, must still load (it was a ValueError at load)."""
+    """Kernels refuse ard_num_dims=1 for one shared lengthscale, but a file may hold such a kernel (a streamed
+    fit trained one): it loads, as with ard_num_dims=None, rather than being a ValueError at load."""
     x, y = data()
     kernel = ac.FSARDKernel(3, 16, seed=0)
-    kernel.ard_num_dims = 1  # what FSARDKernel(3, 16, ard_num_dims=1) built before it was refused
+    kernel.ard_num_dims = 1  # what a file may hold, though FSARDKernel(3, 16, ard_num_dims=1) is refused
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, chunk_size=20, max_iter=3, restarts=1, restart_iter=2, progress=False)
     loaded = load_model(save_model(model, tmp_path / "m.alacarte"))
@@ -110,8 +110,8 @@ def test_regressor_round_trip_with_metadata_and_kernel_object(tmp_path):
 
 
 def test_an_unwritable_directory_is_a_value_error(tmp_path, monkeypatch):
-    """A directory the user may not write to (simulated: the tests may run as root) gave a bare
-    PermissionError naming the temporary file."""
+    """A directory the user may not write to (simulated: the tests may run as root) is a ValueError
+    naming it, not a bare PermissionError naming the temporary file."""
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
@@ -241,8 +241,8 @@ def test_bad_files_give_clear_errors(tmp_path):
 
 
 def test_a_large_file_that_is_not_a_model_is_refused_without_reading_it(tmp_path):
-    """The whole file was read before its signature was checked: a 400 MB CSV given as the model
-    (arguments swapped) took 16 s and 760 MB to be refused."""
+    """The signature is checked before the file is read: read whole first, a 400 MB CSV given as the
+    model (arguments swapped) would take 16 s and 760 MB to be refused."""
     path = tmp_path / "data.csv"
     with open(path, "wb") as fh:
         fh.truncate(64 * 2**20)  # sparse: no disk used
@@ -272,16 +272,16 @@ def test_damaged_metadata_in_the_header_are_detected(tmp_path):
 
 
 def test_large_metadata_reload(tmp_path):
-    """The header (which holds the metadata) was refused on load above 64 KiB as 'truncated or damaged':
-    a CSV with 8000 named columns was saved, then could not be read back."""
+    """The header (which holds the metadata) may exceed 64 KiB: a CSV with 8000 named columns is saved
+    and read back, not refused on load as 'truncated or damaged'."""
     metadata = {"columns": [f"column_{i:05d}" for i in range(8000)]}
     path = save_model(fitted_model(), tmp_path / "m.alacarte", metadata=metadata)
     assert load_with_metadata(path)[1] == metadata
 
 
 def test_the_command_line_refuses_a_model_whose_metadata_are_not_a_dict(tmp_path, capsys):
-    """A file (written before save_model refused it) whose metadata are a str: 'alacarte predict'
-    took `"columns" in metadata` as a substring test and crashed with a TypeError traceback."""
+    """A file whose metadata are a str (save_model refuses them, other writers may not): 'alacarte predict'
+    must not take `"columns" in metadata` as a substring test and crash with a TypeError traceback."""
     from alacarte.cli import main
 
     x, y = data()
@@ -448,8 +448,8 @@ def test_bad_paths_and_metadata_are_refused_before_anything_is_written(tmp_path)
 
 
 def test_a_loop_of_symbolic_links_is_a_value_error_before_the_work(tmp_path):
-    """save_model to a loop of links wrote the whole file body, then failed with a bare OSError 'Too many
-    levels of symbolic links'; the path check (which the command line runs before it fits) let it pass."""
+    """save_model to a loop of links is refused by the path check (which the command line runs before it
+    fits), not after writing the whole file body with a bare OSError 'Too many levels of symbolic links'."""
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
     with pytest.raises(ValueError, match="cannot write .*a: its symbolic links form a loop"):

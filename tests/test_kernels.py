@@ -63,7 +63,7 @@ class TestSSGPRKernel(FeatureKernelTestCase, unittest.TestCase):
             self.make_kernel(3, lengthscale=-1.0)
         with self.assertRaisesRegex(ValueError, "lengthscale"):
             self.make_kernel(3, lengthscale=torch.ones(2))
-        # ∞ gave all-zero frequencies (a constant kernel) and 1e-40 in float32 infinite ones (NaN features).
+        # ∞ would give all-zero frequencies (a constant kernel) and 1e-40 in float32 infinite ones (NaN features).
         for bad in (float("inf"), 1e-40, float("nan")):
             with self.assertRaisesRegex(ValueError, "lengthscale must be positive and finite"):
                 self.make_kernel(3, lengthscale=bad)
@@ -123,7 +123,7 @@ def test_a_copy_of_x1_as_x2_gets_its_own_gradient():
 
 
 def test_a_weight_that_underflowed_to_zero_has_a_finite_gradient():
-    """softplus(−110) is 0 in float32; √0 has an infinite slope and ∞·0 made the raw gradient NaN."""
+    """softplus(−110) is 0 in float32; √0 has an infinite slope and ∞·0 would make the raw gradient NaN."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(20, 3)
@@ -141,8 +141,8 @@ def test_a_weight_that_underflowed_to_zero_has_a_finite_gradient():
 
 
 def test_diag_of_equal_inputs_checks_them_too():
-    """k(x, diag=True) returns σ_f² without features; it took inputs of 7 columns for a 3-input kernel,
-    and float64 inputs to a float32 kernel (a float32 result), where k(x) refuses both."""
+    """k(x, diag=True) returns σ_f² without features, so nothing else would refuse inputs of 7 columns
+    for a 3-input kernel, or float64 inputs to a float32 kernel (a float32 result), as k(x) does."""
     kernel = FastfoodRBFKernel(3, 8, seed=0)
     with pytest.raises(ValueError, match="built for 3 input dimensions, got 7"):
         kernel(torch.randn(5, 7), diag=True)
@@ -151,7 +151,7 @@ def test_diag_of_equal_inputs_checks_them_too():
 
 
 def test_inputs_of_another_dtype_than_the_kernel_are_a_clear_error():
-    """GM, PWL, SSGPR and RKS used to fail inside a matmul; the Fastfood ones silently mixed dtypes."""
+    """Unchecked, GM, PWL, SSGPR and RKS fail inside a matmul and the Fastfood ones silently mix dtypes."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(5, 3, dtype=torch.float64)
@@ -167,7 +167,7 @@ def test_inputs_of_another_dtype_than_the_kernel_are_a_clear_error():
 
 
 def test_inputs_whose_batch_does_not_broadcast_with_the_kernels_are_a_clear_error():
-    """(3, 10, 3) inputs to a kernel of batch_shape (2,) failed inside a projection with a RuntimeError."""
+    """(3, 10, 3) inputs to a kernel of batch_shape (2,): a ValueError, not a RuntimeError from inside a projection."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     for kernel in (SpectralMixtureFastfoodKernel(3, 8, num_components=2, seed=0, batch_shape=torch.Size([2])),
@@ -181,7 +181,7 @@ def test_inputs_whose_batch_does_not_broadcast_with_the_kernels_are_a_clear_erro
 
 
 def test_zero_rows_on_the_fwht_path():
-    """GPyTorch's kernels take inputs of 0 rows; above d = 512 the default (FWHT) path raised a RuntimeError."""
+    """GPyTorch's kernels take inputs of 0 rows, and so does the default (FWHT) path above d = 512."""
     kernel = FastfoodRBFKernel(600, 8, seed=0).double()
     empty, x = torch.zeros(0, 600, dtype=torch.float64), torch.randn(4, 600, dtype=torch.float64)
     assert kernel(empty, x).to_dense().shape == (0, 4)
@@ -195,7 +195,7 @@ def test_simplex_kernels_are_stationary():
 
 
 def test_lengthscale_options_of_kernels_without_one_are_refused():
-    """GM and SSGPR have no lengthscale: GPyTorch's Kernel dropped a lengthscale prior or constraint silently
+    """GM and SSGPR have no lengthscale: GPyTorch's Kernel drops a lengthscale prior or constraint silently
     (named_priors() empty, the fit unregularised), where a prior on a missing outputscale is refused."""
     import gpytorch
 
@@ -208,7 +208,7 @@ def test_lengthscale_options_of_kernels_without_one_are_refused():
                            ("lengthscale_constraint", gpytorch.constraints.Interval(0.1, 2.0))):
             with pytest.raises(ValueError, match=f"has no lengthscale: {key} would be ignored"):
                 build(**{key: value})
-        # Setting one was an AttributeError about raw_lengthscale_constraint.
+        # Setting one is a ValueError, not an AttributeError about raw_lengthscale_constraint.
         with pytest.raises(ValueError, match="has no lengthscale"):
             build().lengthscale = 0.5
 
@@ -235,8 +235,8 @@ def test_misspelt_keyword_arguments_are_refused():
 
 
 def test_ard_num_dims_other_than_the_input_width_is_refused():
-    """ard_num_dims=1 with num_dims=3 was accepted (as an isotropic kernel) but GPyTorch reads ard_num_dims as
-    the input width: every kernel(x), and so fit(), raised its RuntimeError 'Expected the input to have 1
+    """ard_num_dims=1 with num_dims=3 is no isotropic kernel: GPyTorch reads ard_num_dims as the input width,
+    so every kernel(x), and so fit(), would raise its RuntimeError 'Expected the input to have 1
     dimensionality'.  Isotropic is ard_num_dims=None."""
     from alacarte import SpectralMixtureFastfoodKernel
 
@@ -253,8 +253,8 @@ def test_ard_num_dims_other_than_the_input_width_is_refused():
 
 
 def test_active_dims_of_another_count_than_num_dims_are_refused():
-    """FSARDKernel(3, 8, active_dims=[0, 1]) was built, then every call on 6-column inputs failed with
-    'built for 3 input dimensions, got 2' (or GPyTorch's RuntimeError with ard_num_dims=3)."""
+    """FSARDKernel(3, 8, active_dims=[0, 1]) is refused when built: else every call on 6-column inputs
+    would fail with 'built for 3 input dimensions, got 2' (or GPyTorch's RuntimeError with ard_num_dims=3)."""
     for kwargs in ({}, {"ard_num_dims": 3}):
         with pytest.raises(ValueError, match=r"active_dims selects 2 inputs \(\[0, 1\]\), but num_dims=3"):
             FSARDKernel(3, 8, active_dims=[0, 1], seed=0, **kwargs)
@@ -264,8 +264,8 @@ def test_active_dims_of_another_count_than_num_dims_are_refused():
 
 
 def test_wrappers_that_ask_for_last_dim_is_batch_are_named_in_the_refusal():
-    """GridInterpolationKernel(FastfoodRBFKernel(...)) failed with '... does not support last_dim_is_batch':
-    a flag the user never passed (GPyTorch's GridKernel passes it, for one 1-d kernel per input column)."""
+    """GridInterpolationKernel(FastfoodRBFKernel(...)) asks for last_dim_is_batch, a flag the user never
+    passed (GPyTorch's GridKernel passes it, for one 1-d kernel per input column): the refusal names the wrapper."""
     import gpytorch
 
     x = torch.rand(10, 2)
@@ -275,8 +275,8 @@ def test_wrappers_that_ask_for_last_dim_is_batch_are_named_in_the_refusal():
 
 
 def test_fourier_features_take_a_zero_dimensional_scale():
-    """fourier_features(proj, torch.tensor(0.5)) raised IndexError (scale.shape[-1] of a 0-d tensor), though its
-    docstring takes any scale broadcastable to (..., n, 1)."""
+    """fourier_features(proj, torch.tensor(0.5)) works, as its docstring takes any scale broadcastable to
+    (..., n, 1) (reading scale.shape[-1] of a 0-d tensor would be an IndexError)."""
     from alacarte.features.fourier import fourier_features
 
     proj = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
@@ -288,8 +288,8 @@ def test_fourier_features_take_a_zero_dimensional_scale():
 
 def test_batch_indices_beyond_the_kernels_batch_shape():
     """k(x) for inputs of batch shape (3, 1) and a kernel of batch_shape (2,) is (3, 2, n, n); GPyTorch's lazy
-    kernel tensor indexed [:, 1] indexes the kernel with (:, 1), which for GM reached the component dimension of
-    every parameter (0.6 off, silently) and for PWL failed with a RuntimeError."""
+    kernel tensor indexed [:, 1] indexes the kernel with (:, 1), which for GM would reach the component dimension
+    of every parameter (0.6 off, silently) and for PWL fail with a RuntimeError."""
     from alacarte import PiecewiseLinearRadialKernel, SpectralMixtureFastfoodKernel
 
     batch = torch.Size([2])
@@ -319,9 +319,9 @@ def _cpu_has_half_matmul() -> bool:
 
 @pytest.mark.skipif(not _cpu_has_half_matmul(), reason="this torch has no float16 matrix product on the CPU")
 def test_half_precision_kernels_keep_their_signal_variance():
-    """Feature weights were √(σ_f²/M) clamped at the dtype's smallest normal: in float16, σ_f²/M = 0.1/4096 is
-    subnormal, so the clamp raised it and k(x, x) from the features was 0.25 where σ_f² = 0.1 (and
-    k(x, diag=True) said 0.1); likewise a mixture weight of 0.1 over 2048 frequencies."""
+    """Feature weights √(σ_f²/M) clamped at the dtype's smallest normal would be wrong in float16, where
+    σ_f²/M = 0.1/4096 is subnormal: the clamp would raise it and k(x, x) from the features would be 0.25
+    where σ_f² = 0.1 (and k(x, diag=True) says 0.1); likewise a mixture weight of 0.1 over 2048 frequencies."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(6, 3, dtype=torch.float64)
@@ -336,9 +336,9 @@ def test_half_precision_kernels_keep_their_signal_variance():
 
 
 def test_features_select_the_active_dims_as_the_kernel_does():
-    """kernel.features(x) fed every column of x to the feature map while kernel(x) took the active_dims ones:
-    for active_dims=[1, 0] ΦΦᵀ was 0.51 away from kernel(x), silently; for [4, 0, 2] and 6 columns it was a
-    ValueError about the width."""
+    """kernel(x) takes the active_dims columns, and so must kernel.features(x): fed every column of x, the
+    feature map's ΦΦᵀ for active_dims=[1, 0] is 0.51 away from kernel(x), silently; for [4, 0, 2] and 6
+    columns it is a ValueError about the width."""
     x = torch.randn(5, 6, dtype=torch.float64)
     for dims in ([1, 0], [4, 0, 2]):
         kernel = FSARDKernel(len(dims), 8, ard_num_dims=len(dims), active_dims=dims, seed=0).double()
@@ -351,8 +351,8 @@ def test_features_select_the_active_dims_as_the_kernel_does():
 
 
 def test_features_of_too_few_columns_for_the_active_dims_are_a_value_error():
-    """features() of inputs narrower than its active_dims reach raised torch's RuntimeError 'INDICES element is
-    out of DATA bounds, id=4 axis_dim=3', not the ValueError its Raises promise for the width."""
+    """features() of inputs narrower than its active_dims reach is the ValueError its Raises promise for the
+    width, not torch's RuntimeError 'INDICES element is out of DATA bounds, id=4 axis_dim=3'."""
     kernel = FSARDKernel(2, 8, active_dims=[4, 0], seed=0).double()
     with pytest.raises(ValueError, match=r"reads columns \[4, 0\] \(active_dims\), but x has 3"):
         kernel.features(torch.randn(5, 3, dtype=torch.float64))
@@ -360,7 +360,7 @@ def test_features_of_too_few_columns_for_the_active_dims_are_a_value_error():
 
 
 def test_every_kernel_prints_its_size():
-    """print(kernel) showed only the constraints for every kernel but GM and PWL: no d, no M."""
+    """print(kernel) shows d and M for every kernel, not only the constraints."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     assert "num_dims=3, num_samples=8\n" in repr(FSARDKernel(3, 8, seed=0))
@@ -371,8 +371,8 @@ def test_every_kernel_prints_its_size():
 
 def test_indexing_and_expanding_a_batch_kernel_keep_its_active_dims():
     """GPyTorch's Kernel.__getitem__ indexes every buffer, active_dims too: kernel[1] of a kernel with
-    active_dims [4, 0, 2] and batch_shape (2,) had active_dims tensor(0) ('built for 3 input dimensions, got 1';
-    GPyTorch's RBFKernel keeps column 0 silently); expand_batch made them a (3, 3) matrix."""
+    active_dims [4, 0, 2] and batch_shape (2,) would get active_dims tensor(0) ('built for 3 input dimensions,
+    got 1'; GPyTorch's RBFKernel keeps column 0 silently); expand_batch would make them a (3, 3) matrix."""
     from alacarte import SpectralMixtureFastfoodKernel
 
     x = torch.randn(5, 6, dtype=torch.float64)
@@ -394,7 +394,8 @@ def test_indexing_and_expanding_a_batch_kernel_keep_its_active_dims():
 
 @pytest.mark.parametrize("strategy", ["dense", "fwht"])
 def test_hessian_vector_product_in_the_radii(strategy):
-    """Second derivatives through the Fastfood projection were silently wrong (Hv off by its own size)."""
+    """Second derivatives through the Fastfood projection are right (a wrong double backward is off by Hv's
+    own size, silently)."""
     kernel = FSARDKernel(3, 8, seed=0, strategy=strategy).double()
     x = torch.randn(4, 3, dtype=torch.float64)
     raw = kernel.raw_radius

@@ -82,8 +82,8 @@ def test_gm_spectrum_is_drawn_per_unit_of_the_data_given_the_input_scale():
 
 
 def test_gm_spectrum_in_axes_of_the_users_needs_one_per_input_and_says_so():
-    """One Axes for a GM kernel of 3 inputs raised IndexError (index 1 is out of bounds); a 2×2 grid
-    of axes (plt.subplots(2, 2)) drew each panel into a row of the grid and failed alike."""
+    """A GM kernel of 3 inputs needs 3 Axes: one Axes is a ValueError that says so, not an IndexError
+    (index 1 is out of bounds); a 2×2 grid of axes (plt.subplots(2, 2)) gets a panel per Axes, not per row."""
     from alacarte.plotting import plot_spectrum
 
     plt = pytest.importorskip("matplotlib.pyplot")
@@ -99,8 +99,8 @@ def test_gm_spectrum_in_axes_of_the_users_needs_one_per_input_and_says_so():
 
 def test_radial_spectra_take_axes_as_gm_does():
     """plot_spectrum takes ``Axes | Sequence[Axes]``, but a PWL or FSARD kernel given a list of one Axes, a
-    1×1 array (plt.subplots(squeeze=False)) or a grid raised AttributeError ('list' object has no attribute
-    'plot'); they draw in the first, and an empty list is a ValueError."""
+    1×1 array (plt.subplots(squeeze=False)) or a grid draws in the first, not an AttributeError ('list'
+    object has no attribute 'plot'); an empty list is a ValueError."""
     from alacarte.plotting import plot_spectrum
 
     plt = pytest.importorskip("matplotlib.pyplot")

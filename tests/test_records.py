@@ -66,7 +66,7 @@ def test_a_file_naming_a_module_to_import_is_refused_before_importing_it(saved, 
 
 
 def test_sizes_the_file_cannot_hold_are_refused_before_allocating(saved, tmp_path):
-    """num_samples = 2**33 made load_model try to allocate 64 GiB."""
+    """num_samples = 2**33 is refused before load_model tries to allocate 64 GiB."""
     good, _ = saved
     cases = [
         (lambda p: p["record"]["kernel"]["config"].update(num_samples=2**33),
@@ -84,7 +84,8 @@ def test_sizes_the_file_cannot_hold_are_refused_before_allocating(saved, tmp_pat
 
 
 def test_truncated_or_misshapen_tensors_are_refused_at_load_not_in_predict(saved, tmp_path):
-    """Truncated posterior weights loaded, then predict failed with 'mat1 and mat2 shapes cannot be multiplied'."""
+    """Truncated posterior weights are refused at load, not left to fail predict with 'mat1 and mat2 shapes
+    cannot be multiplied'."""
     good, _ = saved
 
     def truncate(key, part="posterior"):

@@ -195,8 +195,8 @@ def test_a_kernel_object_gives_a_model_of_its_dtype_that_fits(dtype):
 
 
 def test_reversed_and_read_only_arrays_are_inputs_like_any_other(tmp_path):
-    """X[:, ::-1] has negative strides, which torch.tensor refused (fit, predict, score, sample_y);
-    a read-only memmap made torch warn that the array is not writable."""
+    """X[:, ::-1] has negative strides, which torch.tensor refuses (fit, predict, score, sample_y);
+    a read-only memmap makes torch warn that the array is not writable: both are copied first."""
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((60, 3)), rng.standard_normal(60)
     settings = dict(num_samples=16, max_iter=3, restarts=0, random_state=0, progress=False)
@@ -215,9 +215,9 @@ def test_reversed_and_read_only_arrays_are_inputs_like_any_other(tmp_path):
 @pytest.mark.parametrize("kernel", ["fsard", "gm", "exact-ard"])
 def test_a_constant_input_has_relevance_zero(kernel):
     """A constant column is zeros once centred: its lengthscale gets no gradient and keeps its
-    initial value while irrelevant inputs' grow, so relevance_ ranked it first. With y from x₀, x₁
-    of 5 inputs and a constant sixth (n = 300), relevance_[5] was 0.59 (fsard), 0.70 (gm) and
-    0.72 (exact-ard); an input without effect on the model has relevance 0."""
+    initial value while irrelevant inputs' grow, so it would rank first. With y from x₀, x₁
+    of 5 inputs and a constant sixth (n = 300), its inverse lengthscale's share would be 0.59 (fsard),
+    0.70 (gm) and 0.72 (exact-ard); an input without effect on the model has relevance 0."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((120, 4))
     y = np.sin(2 * x[:, 0]) + x[:, 1] ** 2 / 2 + 0.05 * rng.standard_normal(120)
@@ -229,8 +229,8 @@ def test_a_constant_input_has_relevance_zero(kernel):
 
 def test_exact_sample_y_does_not_warn_for_targets_in_large_units():
     """numpy's positive-semidefinite check has an absolute tolerance (1e-8): a PSD posterior covariance
-    in units of 1e12 (targets ×1e6) failed it by round-off and sample_y warned 'covariance is not
-    symmetric positive-semidefinite'; the same fit in ×1 units did not."""
+    in units of 1e12 (targets ×1e6) fails it by round-off (numpy warns 'covariance is not symmetric
+    positive-semidefinite'), where the same fit in ×1 units passes: sample_y draws in standardised units."""
     x, y = data(n=80)
     x_test = np.random.default_rng(0).uniform(-2, 2, size=(40, 3))
     reg = AlaCarteRegressor("exact-ard", **SMALL).fit(x, y * 1e6)

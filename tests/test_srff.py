@@ -229,8 +229,8 @@ def test_a_constant_input_has_relevance_zero():
     (lambda: AlaCarteRegressor(num_samples=16, max_iter=3, restarts=0, progress=False), None),
 ])
 def test_a_failed_refit_leaves_the_estimator_unfitted(make, refit_error):
-    """A refit that raised used to leave the new data's standardisation with the old coefficients:
-    SRFF predicted [2.35, −0.35, …] for [0.92, 0.08, …], without an error."""
+    """A refit that raises must not leave the new data's standardisation with the old coefficients:
+    SRFF would predict [2.35, −0.35, …] for [0.92, 0.08, …], without an error."""
     x, y = regression_data(n=80)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # DerivativeSelector's: not the point here
@@ -275,8 +275,8 @@ def test_derivative_selector_predicts_as_it_was_fitted():
 
 
 def test_srff_fits_targets_of_huge_magnitude():
-    """y_scale**2 as a Python float raised OverflowError for |y| above ~1e154 (y·1e155), although the
-    fit itself runs on standardised targets; RFFNetRegressor fits the same data."""
+    """y_scale**2 as a Python float overflows for |y| above ~1e154 (y·1e155), although the fit itself
+    runs on standardised targets: SRFF fits such data, as RFFNetRegressor does."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((40, 3))
     y = np.sin(x[:, 0]) + 0.1 * rng.standard_normal(40)
@@ -288,16 +288,16 @@ def test_srff_fits_targets_of_huge_magnitude():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: SRFFRegressor(**{**SMALL, "n_components": 6}),  # D = d: the old coef_ had the shape of an input weight
+    lambda: SRFFRegressor(**{**SMALL, "n_components": 6}),  # D = d: output weights have the shape of an input weight
     lambda: RFFNetRegressor(max_epochs=3, random_state=0),
     lambda: DerivativeSelector(tau=1e-3, max_iter=30),
 ])
 def test_sklearn_feature_selectors_read_the_relevances(make):
     """SelectFromModel and RFE take coef_ (else feature_importances_) as one weight per input. SRFF's and
-    RFFNet's coef_ were the D random features' output weights: on y = sin(2x₀)x₂ (n = 300, d = 6)
-    SelectFromModel(SRFFRegressor(n_components=6)) kept inputs 1 and 4, where relevance_ ranked 0, 1, 2
-    first (with D ≠ d its mask had D entries), and DerivativeSelector had neither attribute. The
-    relevances are feature_importances_ now."""
+    RFFNet's output weights are one per random feature, not per input: read as coef_ on y = sin(2x₀)x₂
+    (n = 300, d = 6), SelectFromModel(SRFFRegressor(n_components=6)) would keep inputs 1 and 4, where
+    relevance_ ranks 0, 1, 2 first (with D ≠ d its mask would have D entries). The relevances are every
+    selector's feature_importances_, DerivativeSelector's too."""
     from sklearn.feature_selection import RFE, SelectFromModel
 
     x, y = regression_data(n=80)
@@ -313,8 +313,8 @@ def test_sklearn_feature_selectors_read_the_relevances(make):
 
 
 def test_srff_predicts_in_blocks_of_rows(monkeypatch):
-    """predict formed the features of all m rows at once, m×D (at m = 160 000 and D = 300 the peak
-    memory grew by 743 MB, more than fitting on 40 000 rows took): it takes blocks of rows, as RFFNet."""
+    """predict takes blocks of rows, as RFFNet: the features of all m rows at once are m×D (at
+    m = 160 000 and D = 300, 743 MB more peak memory, more than fitting on 40 000 rows takes)."""
     rng = np.random.default_rng(0)
     x = rng.uniform(-2, 2, (100, 3))
     y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(100)

@@ -114,7 +114,7 @@ def test_a_second_pass_over_other_rows_is_refused():
 
 def test_the_row_count_survives_a_float32_sum_over_many_processes():
     """n travels in the float32 all-reduce of the statistics; 64 processes of ~2²⁰ rows and one of
-    3·10⁹ must still sum to the exact count (two base-2²⁰ parts did not: the low ones passed 2²⁴)."""
+    3·10⁹ must still sum to the exact count (two base-2²⁰ parts would not: the low ones pass 2²⁴)."""
     from alacarte.streaming import _N_DIGITS, _pack_rows, _unpack
 
     counts = [2**20 - 1 - k for k in range(64)] + [3 * 10**9, 1]
@@ -172,8 +172,8 @@ def test_streamed_fit_from_a_memmap_equals_the_in_memory_fit(tmp_path):
 
 
 def test_an_unstandardised_streamed_fit_refits_from_the_noise_the_in_memory_fit_does():
-    """The noise refit starts from 0.1 × the target variance: the streamed fit took 1 for it, right
-    only for standardised targets (here var y = 214: refit losses −2.381 streamed, −1.309 in memory)."""
+    """The noise refit starts from 0.1 × the target variance, streamed too: taking 1 for it is right
+    only for standardised targets (here var y = 214: refit losses −2.381 from 1, −1.309 from 0.1 × var y)."""
     rng = np.random.default_rng(0)
     x = torch.as_tensor(rng.normal(size=(200, 2)))
     y = 30 * torch.sin(x[:, 0]) * torch.cos(x[:, 1])  # noise-free: σ² ends at its bound, and is refitted
@@ -291,7 +291,7 @@ def test_float64_statistics_keep_a_float32_model_accurate():
 
 def test_rows_of_zero_dimensional_tensors_are_fitted_as_rows_not_taken_for_chunks():
     # list(zip(a, b)) of two 1-D tensors: rows of two columns, each a pair of 0-d tensors — not
-    # (x, y) chunks, whose parts hold rows (it was refused with 'x holds (x, y) chunks ...').
+    # (x, y) chunks, whose parts hold rows (not refused with 'x holds (x, y) chunks ...').
     generator = torch.Generator().manual_seed(0)
     a, b, noise = torch.randn(3, 40, generator=generator, dtype=torch.float64)
     y = torch.sin(a) + 0.3 * noise
@@ -312,7 +312,7 @@ def test_streaming_refuses_bad_input(tmp_path):
     with pytest.raises(ValueError, match="set y, chunk_size, memory_budget and statistics_dtype on it"):
         alacarte.fit(model, ChunkedData(x, y), chunk_size=4)
     with pytest.raises(ValueError, match="set y, chunk_size, memory_budget and statistics_dtype on it"):
-        model.cache_posterior(ChunkedData(x, y), chunk_size=-5)  # was silently ignored
+        model.cache_posterior(ChunkedData(x, y), chunk_size=-5)  # not ignored
     # an unbatched DataLoader yields one row at a time, with 0-d targets; plain numbers are no chunks either
     unbatched = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=None)
     with pytest.raises(ValueError, match="y of chunk 0 is a scalar, not a batch of rows"):
@@ -334,7 +334,7 @@ def test_streaming_refuses_bad_input(tmp_path):
         with pytest.raises(ValueError, match="chunks, which carry the targets: pass y=None"):
             ChunkedData(chunks, y)  # y given twice
         with pytest.raises(ValueError, match="chunks, which carry the targets: pass y=None"):
-            alacarte.fit(model, chunks, y, progress=False)  # (was numpy's 'inhomogeneous shape' or 'dtype object')
+            alacarte.fit(model, chunks, y, progress=False)  # (not numpy's 'inhomogeneous shape' or 'dtype object')
     bad = x.numpy().copy()
     bad[33, 1] = np.nan
     np.save(tmp_path / "bad.npy", bad)

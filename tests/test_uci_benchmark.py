@@ -81,7 +81,7 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
     assert row["status"] == "timeout" and row["rmse"] == ""
     assert "1 cells done, 0 to run" in run(path, *one_cell)
     assert "1 cells done, 0 to run" in run(path, *one_cell, "--time-budget", "0.4")
-    # A longer budget is the operator asking again (it was never retried, at any budget): here it finishes.
+    # A longer budget is the operator asking again (a timeout is retried at a longer budget): here it finishes.
     out = run(path, *one_cell, "--time-budget", "300")
     assert "1 timed-out cells run again: this run's --time-budget (300 s) is longer than theirs" in out
     assert "0 cells done, 1 to run" in out
@@ -90,8 +90,8 @@ def test_cell_over_its_time_budget_is_stopped_recorded_and_not_retried(tmp_path)
 
 
 def test_a_timeout_at_one_feature_count_does_not_count_as_done_at_another(tmp_path):
-    """A timeout row recorded no D, so a later run at another D took it for its own cell and
-    never ran it ("1 cells done, 0 to run")."""
+    """A timeout row records its D: without it, a later run at another D would take the row for its own
+    cell and never run it ("1 cells done, 0 to run")."""
     path, one_cell = tmp_path / "budget.csv", ["--datasets", "servo", "--methods", "fsard"]
     run(path, *one_cell, "--time-budget", "0.5")
     assert "0 cells done, 1 to run" in run(path, *one_cell, "--num-samples", "32")
@@ -196,8 +196,8 @@ def test_alacarte_bench_command(tmp_path, capsys):
     assert "0.13 ± 0.08" in text and set(FIELDS) >= {"status", "model"}
     assert main(["bench", "run", "--datasets", "yacht", "--methods", "nope", "--csv", str(path)]) == 2
     assert "unknown method" in capsys.readouterr().err
-    # Refused before any cell runs, creating nothing: a missing data folder (was one failure per cell)
-    # and a results file in a missing folder (was created, parents and all).
+    # Refused before any cell runs, creating nothing: a missing data folder (not one failure per cell)
+    # and a results file in a missing folder (not created, parents and all).
     quick = ["--methods", "gm", "--num-samples", "8", "--max-iter", "1", "--restarts", "0", "-q", "--limit", "1"]
     assert main(["bench", "run", "--datasets", "yacht", "--data", str(tmp_path / "nope"), "--csv", str(path),
                  *quick]) == 2
@@ -248,8 +248,8 @@ def test_rows_name_the_commit_that_produced_them(monkeypatch):
 
 def test_an_installed_copy_inside_another_git_checkout_does_not_take_its_commit(tmp_path):
     """A virtual environment kept in a project's checkout (``.venv/`` ignored) puts the installed
-    package in that work tree: its version was ``0.1.0+g<the project's commit>``, a commit that
-    holds none of this code."""
+    package in that work tree: its version must not be ``0.1.0+g<the project's commit>``, a commit
+    that holds none of this code."""
     import shutil
 
     import alacarte
@@ -526,7 +526,7 @@ def test_an_older_results_file_gets_the_new_columns_and_no_row_is_misaligned(tmp
     (["--noise-floor", "0"], "--noise-floor must be a finite number in (0, inf)"),
     (["--noise-floor", "nan"], "--noise-floor must be a finite number in (0, inf)"),
     (["--noise-floor", "1"], "--noise-floor must be below 1, the standardised targets' variance"),
-    (["--splits", "3-1"], "splits '3-1' is an empty range"),  # (was: 'splits must be in 0..9, got '3-1'')
+    (["--splits", "3-1"], "splits '3-1' is an empty range"),  # (not 'splits must be in 0..9, got '3-1'')
 ])
 def test_settings_no_cell_could_run_with_are_refused_before_any_cell_runs(tmp_path, capsys, setting, message):
     from alacarte.cli import main
@@ -556,7 +556,7 @@ def test_report_refuses_a_missing_or_foreign_results_file(tmp_path, capsys):
                        "yacht,0,gm,ok,abc,1.0,100,100\n")
     assert main(["bench", "report", "--csv", str(garbled)]) == 2
     assert "garbled.csv: the row of yacht, split 0, gm has rmse = 'abc', not a number" in capsys.readouterr().err
-    # A NaN RMSE made its column's mean NaN and counted it as the dataset's winner.
+    # A NaN RMSE would make its column's mean NaN and count it as the dataset's winner.
     garbled.write_text("dataset,split,method,status,rmse,train_seconds,peak_rss_mb,max_iter,n_train\n"
                        "yacht,0,gm,ok,nan,1.0,100,100,277\nyacht,0,pwl,ok,0.3,1.0,100,100,277\n")
     assert main(["bench", "report", "--csv", str(garbled)]) == 2
@@ -587,8 +587,8 @@ def _to_run(path, capsys, *extra):
 
 
 def test_missing_or_damaged_data_stop_the_run_before_any_cell_starts(tmp_path, monkeypatch, capsys):
-    """Without the data every cell started, loaded nothing and failed alone after its start-up
-    (seconds each: an hour for the 29-dataset job before it said so)."""
+    """Checked per cell instead, every cell would start, load nothing and fail alone after its start-up
+    (seconds each: an hour for the 29-dataset job before it says so)."""
     import shutil
     from unittest import mock
 
@@ -663,7 +663,7 @@ def test_a_resumed_run_at_other_settings_runs_its_own_cells(tmp_path, capsys):
 
 
 def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
-    """Timeouts were counted by method alone: a gm timeout at D=32 put "timeout" in the gm D=64 column
+    """Timeouts counted by method alone would put a gm timeout at D=32 as "timeout" in the gm D=64 column
     of a dataset that column never ran."""
     import argparse
 
@@ -690,9 +690,9 @@ def test_a_timeout_is_shown_only_in_the_column_of_its_settings(tmp_path):
 
 
 def test_a_result_is_written_beside_another_runners_timeout_of_the_cell(tmp_path):
-    """append_row took a timeout row of the same cell and settings for a finished one: the result of a
-    runner with a longer budget was dropped ('another runner … finished it first'), and the report said
-    'timeout'.  A timeout beside a result, or a second timeout, is still not written."""
+    """A timeout row of the same cell and settings is no finished cell: taken for one, the result of a
+    runner with a longer budget would be dropped ('another runner … finished it first'), and the report
+    would say 'timeout'.  A timeout beside a result, or a second timeout, is not written."""
     from alacarte.bench import append_row
 
     path = tmp_path / "rows.csv"
@@ -702,8 +702,8 @@ def test_a_result_is_written_beside_another_runners_timeout_of_the_cell(tmp_path
     assert not append_row(path, _ok_row(split=1)) and not append_row(path, timeout)
 
 def test_a_timeout_at_settings_no_cell_finished_at_gets_its_own_column(tmp_path):
-    """gm finished split 0 at D=32 and timed out on split 1 at D=64: the timeout was counted under the one
-    gm column (the D=32 cells'), '0.12 ± 0 [1] · 1 timed out', as if D=32 had timed out."""
+    """gm finished split 0 at D=32 and timed out on split 1 at D=64: counted under the one gm column (the
+    D=32 cells'), the timeout would read '0.12 ± 0 [1] · 1 timed out', as if D=32 had timed out."""
     import argparse
 
     from alacarte.bench import append_row, report
@@ -745,8 +745,8 @@ def test_the_report_keeps_settings_apart_and_shows_methods_that_only_timed_out(t
 
 
 def test_the_report_prints_the_papers_values_as_the_paper_prints_them(tmp_path):
-    """Trailing zeros are digits: the paper's FSARD 2.00 ± 0.38 on airfoil used to read "2 ± 0.38",
-    its 3.97 ± 2.54 on concreteslump "3.97 ± 2.5", and parkinsons' best "0 (GM)" in the goal table."""
+    """Trailing zeros are digits: the paper's FSARD 2.00 ± 0.38 on airfoil must not read "2 ± 0.38",
+    its 3.97 ± 2.54 on concreteslump "3.97 ± 2.5", nor parkinsons' best "0 (GM)" in the goal table."""
     import argparse
 
     from alacarte.bench import append_row, report
@@ -800,8 +800,8 @@ def test_a_report_without_paper_columns_is_a_well_formed_table(tmp_path):
 
 def test_a_result_delivered_before_its_budget_ran_out_is_recorded_as_a_result(tmp_path, monkeypatch):
     """Two cells whose results are both waiting when the runner next looks, after the budget has
-    passed: both are results (the second used to be killed, written as a timeout, and then its own
-    result crashed the runner with a KeyError)."""
+    passed: both are results (not the second killed, written as a timeout, and then its own result
+    crashing the runner with a KeyError)."""
     import argparse
     import queue
     import types
@@ -902,7 +902,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
         torch.set_num_threads(threads)
     assert 0 < resumed_evaluations < 10 < evaluations
     assert {k: v for k, v in resumed.items() if k not in TIMING} == {k: v for k, v in whole.items() if k not in TIMING}
-    assert runner.run(args) == 0  # the checkpoint now holds the finished fit: its row, with no training
+    assert runner.run(args) == 0  # the checkpoint holds the finished fit: its row, with no training
     (row,) = read_rows(path)
     assert row["rmse"] == repr(resumed["rmse"]) and row["train_seconds"] == repr(resumed["train_seconds"])
     folder = Path(cfg["checkpoints"])
@@ -924,7 +924,7 @@ def test_a_cell_killed_mid_fit_resumes_from_its_checkpoint_and_writes_the_uninte
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="the runner's large peak is set up on Linux")
 def test_a_cells_peak_memory_is_its_own_not_its_runners(tmp_path):
     """A cell process is spawned (fork, then exec), and ``ru_maxrss`` keeps the larger of the
-    runner's and the cell's peak across exec: a runner holding 1.5 GB gave a challenger cell of
+    runner's and the cell's peak across exec: a runner holding 1.5 GB would give a challenger cell of
     392 MB a peak_rss_mb of 1811."""
     import resource
 
@@ -944,10 +944,10 @@ def test_a_cells_peak_memory_is_its_own_not_its_runners(tmp_path):
 def test_a_cell_checkpoint_of_another_checkpoint_format_is_not_looked_for(monkeypatch):
     """A cell's checkpoint name tags the run's settings and code version, so that other code fits the
     cell from the start; but an installed copy's version is the release alone ('0.1.0'), which a new
-    checkpoint format did not change: a cell killed under format 1 left its file at the very path the
-    next run read, and the cell failed at every run ('of format version 1; this alacarte reads format
-    version 2; pass another path, or delete it'), a path no runner's user chooses.  The format is in
-    the tag."""
+    checkpoint format need not change: without the format in the tag, a cell killed under format 1
+    would leave its file at the very path the next run reads, and the cell would fail at every run
+    ('of format version 1; this alacarte reads format version 2; pass another path, or delete it'),
+    a path no runner's user chooses.  The format is in the tag."""
     from alacarte import _checkpoint
     from alacarte.bench import runner
 
@@ -976,7 +976,7 @@ def test_summary_rows_say_over_how_many_datasets_each_method_counts(tmp_path):
     assert "| **datasets won** (ours, of the datasets each ran) | | 1 of 1 | 1 of 2 |" in text, text
     assert "over the datasets each ran, in brackets) | | 1.000 (1) | 1.500 (2) |" in text, text
     assert "| **mean normalised RMSE on the 1 dataset every method ran** | | 1.000 | 2.000 |" in text, text
-    _result(path, "wine", 0, "gm", 0.5)  # now both ran both: the plain rows, as before
+    _result(path, "wine", 0, "gm", 0.5)  # both ran both: the plain rows
     text = report(argparse.Namespace(csv=[str(path)], paper=DEFAULT_PAPER, out=None, command=None))
     assert "| **datasets won** (ours) | | 2 | 0 |" in text and "every method ran" not in text, text
     assert "| **mean normalised RMSE** (ours, 1 = best of ours) | | 1.000 | 2.000 |" in text, text

@@ -39,8 +39,8 @@ def test_gradcheck_of_the_likelihood():
 
 
 def test_a_noise_variance_that_is_not_positive_is_refused():
-    """σ² = 0 at n < D gave latent variances of exactly 0 (the σ² → 0 limit is the prior's in the
-    null space of Φ: 0.94, 0.46, 1.23 here) and a NaN loss; σ² < 0 gave a finite n×n loss."""
+    """σ² = 0 at n < D would give latent variances of exactly 0 (the σ² → 0 limit is the prior's in the
+    null space of Φ: 0.94, 0.46, 1.23 here) and a NaN loss; σ² < 0 a finite n×n loss."""
     generator = torch.Generator().manual_seed(0)
     phi = torch.randn(10, 32, generator=generator, dtype=torch.float64) / 32**0.5
     r = torch.randn(10, generator=generator, dtype=torch.float64)
@@ -141,7 +141,7 @@ def test_second_derivatives_of_both_forms():
 def test_hessian_of_the_model_loss_equals_the_dense_gaussians(n):
     """The Hessian of the Woodbury loss in a kernel's raw lengthscales and the noise, against
     autograd's Hessian of −log N(y; 0, ΦΦᵀ + σ²I) built from the same features (the closed-form
-    backwards used to be taken as constants there)."""
+    backwards must not be taken as constants there)."""
     from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood
 
     torch.manual_seed(0)

@@ -119,8 +119,8 @@ def _column_of(rows: list[dict], timed_out: list[dict] = ()):
     too (blank ones, in older rows, do not)."""
     sizes, iterations, floors, restarts = defaultdict(set), defaultdict(set), defaultdict(set), defaultdict(set)
     components = defaultdict(set)
-    # Timeout rows count too: a timeout at a setting no finished cell had (gm at D=64 beside gm's finished
-    # cells at D=32) was counted in the column of the finished ones, as if those settings had timed out.
+    # Timeout rows count too: else a timeout at a setting no finished cell has (gm at D=64 beside gm's finished
+    # cells at D=32) would be counted in the column of the finished ones, as if those settings had timed out.
     for r in [*rows, *timed_out]:
         # A result's blank restarts or components are a setting of their own; an older timeout row's are none.
         blank = "" if r.get("status", "ok") == "ok" else None
@@ -168,7 +168,7 @@ def _results(path: str) -> list[dict]:
             except (TypeError, ValueError):
                 raise ValueError(f"{path}: the row of {r['dataset']}, split {r['split']}, {r['method']} has "
                                  f"{name} = {r[name]!r}, not a number") from None
-            if not math.isfinite(value):  # a NaN RMSE made every mean and ratio of its column NaN, and won
+            if not math.isfinite(value):  # a NaN RMSE would make every mean and ratio of its column NaN, and win
                 raise ValueError(f"{path}: the row of {r['dataset']}, split {r['split']}, {r['method']} has "
                                  f"{name} = {r[name]!r}, not a finite number")
     return rows

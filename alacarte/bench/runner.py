@@ -116,9 +116,9 @@ def _model_columns(method: str, n_train: int, cfg: dict) -> dict:
 def machine_description(threads: int) -> str:
     """The CPU a cell ran on, as far as its round-off goes: the model name, the vector instruction set
     ATen's kernels dispatch to, and the threads it used.  A fit that stops at max_iter can reproduce only
-    to ~1e-5–1e-2 elsewhere (the code of dcce354 gave concreteslump FSGBARD split 0 a test RMSE of 3.0330
-    in uci_noise_floor.csv and 3.0116 when run again later; fertility FSARD 0.145166 → 0.145167), so the
-    rows say where they were computed."""
+    to ~1e-5–1e-2 elsewhere (the same code gave concreteslump FSGBARD split 0 a test RMSE of 3.0330 in one
+    run and 3.0116 in another; fertility FSARD 0.145166 and 0.145167), so the rows say where they were
+    computed."""
     import platform
 
     import torch
@@ -331,8 +331,8 @@ def _run_cells(args, cfg, ctx, pending: list, running: dict, results) -> int:
                     proc.join()
                     del running[index]
                     # The runner never sees the cell's model: its n, D and components are found from the
-                    # split (a timeout row without them, as before, matched a run at any D or components,
-                    # which then skipped the cell as done and never ran it).
+                    # split (a timeout row without them would match a run at any D or components,
+                    # which would then skip the cell as done and never run it).
                     n_train, d = load_uci(dataset, split, cfg["data"]).x_train.shape
                     _record(args, _row(dataset, split, method, cfg, status="timeout", train_seconds=args.time_budget,
                                        d=d, **_model_columns(method, n_train, cfg)), bar)

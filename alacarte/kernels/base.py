@@ -34,15 +34,15 @@ def resolve_seed(seed: int | None) -> int:
 
 def _safe_sqrt(variance: Tensor) -> Tensor:
     """√variance with a finite gradient where the variance underflowed to 0 (a softplus of a very
-    negative raw value): there √ has an infinite slope, and ∞ · 0 made the raw gradient NaN."""
+    negative raw value): there √ has an infinite slope, and ∞ · 0 would make the raw gradient NaN."""
     return variance.clamp_min(torch.finfo(variance.dtype).tiny).sqrt()
 
 
 def _feature_weight(variance: Tensor, count: int) -> Tensor:
     """√(variance / count), the weight of each of ``count`` features sharing ``variance``, computed in at
     least float32: in float16 variance/count is subnormal for ordinary settings (0.1/4096 = 2.4e-5 < 6.1e-5,
-    the smallest normal), where the clamp replaced it (k(x, x) came out 0.25 for σ_f² = 0.1).  Float32 and
-    float64 weights are √(variance/count) in their own dtype, as always."""
+    the smallest normal), where the clamp would replace it (k(x, x) would come out 0.25 for σ_f² = 0.1).
+    Float32 and float64 weights are √(variance/count) in their own dtype."""
     wide = torch.promote_types(variance.dtype, torch.float32)
     return _safe_sqrt(variance.to(wide) / count).to(variance.dtype)
 
@@ -202,8 +202,8 @@ class FeatureKernel(Kernel):
 
     def __getitem__(self, index) -> FeatureKernel:
         # GPyTorch's Kernel.__getitem__ applies the index to every parameter and buffer as it stands, so an index
-        # longer than batch_shape reached their trailing dimensions: the mixture kernels' component dimension
-        # (GM of batch_shape (2,) indexed [:, 1] took component 1 of each batch, silently).  GPyTorch's
+        # longer than batch_shape reaches their trailing dimensions: the mixture kernels' component dimension
+        # (GM of batch_shape (2,) indexed [:, 1] would take component 1 of each batch).  GPyTorch's
         # LazyEvaluatedKernelTensor indexes the kernel with its output's batch index, longer where the inputs
         # have more batch dimensions, and on an IndexError expands the kernel to that batch shape first.
         index = index if isinstance(index, tuple) else (index,)
@@ -216,7 +216,7 @@ class FeatureKernel(Kernel):
 
     def _keeping_active_dims(self, method, *args) -> FeatureKernel:
         # GPyTorch's __getitem__ and expand_batch index or expand every buffer, and active_dims is one: [1] of a
-        # kernel with active_dims [4, 0, 2] kept column 0 alone (expand_batch made it a matrix).
+        # kernel with active_dims [4, 0, 2] would keep column 0 alone (expand_batch would make it a matrix).
         active_dims = self.active_dims
         self.active_dims = None
         try:
@@ -401,7 +401,7 @@ class FeatureKernel(Kernel):
         tracked = torch.is_grad_enabled() and (x1.requires_grad or x2.requires_grad)
         same = x1 is x2 or (not tracked and x1.shape == x2.shape and torch.equal(x1, x2))
         if diag and same:
-            # The same checks as features(): this shortcut took inputs of any width, and of another dtype.
+            # The same checks as features(): this shortcut never builds features to refuse a wrong width or dtype.
             variance = self.prior_variance()
             batch = self._check_inputs(x1, variance.dtype)
             return variance.view(*self.batch_shape, 1).expand(*batch, x1.shape[-2])

@@ -93,8 +93,8 @@ class SSGPRKernel(FeatureKernel):
         self.seed = resolve_seed(seed)
         dtype = self.raw_outputscale.dtype
         lengthscale = torch.as_tensor(lengthscale, dtype=dtype)
-        # Finite as well as positive: ∞ made every frequency 0 (a constant kernel), and a lengthscale whose
-        # inverse overflows the dtype (1e-40 in float32) made them ±∞ (NaN features), both silently.
+        # Finite as well as positive: ∞ makes every frequency 0 (a constant kernel), and a lengthscale whose
+        # inverse overflows the dtype (1e-40 in float32) makes them ±∞ (NaN features).
         if (not bool((torch.isfinite(lengthscale) & (lengthscale > 0)).all())
                 or not bool(torch.isfinite(1.0 / lengthscale).all()) or lengthscale.numel() not in (1, num_dims)):
             raise ValueError(f"lengthscale must be positive and finite (its inverse too), one value or {num_dims}; "

@@ -80,8 +80,8 @@ def hadamard_matrix(p: int, dtype: torch.dtype = torch.float64, device: torch.de
 # --------------------------------------------------------------------------- workspaces
 _WORKSPACES: dict[tuple, Tensor] = {}
 
-# The buffers are shared by every thread: two threads transforming at once wrote into each other's
-# scratch (wrong numbers, silently).  A lock rather than per-thread buffers: on a GPU a workspace holds
+# The buffers are shared by every thread: unlocked, two threads transforming at once would write into
+# each other's scratch (wrong numbers, silently).  A lock rather than per-thread buffers: on a GPU a workspace holds
 # the whole input, and autograd's device threads would duplicate it.
 _WORKSPACE_LOCK = threading.RLock()
 

@@ -54,7 +54,7 @@ def project_to_simplex(v: Tensor, size: float | Tensor = 1.0) -> Tensor:
                          f"got shape {tuple(size.shape)}") from None
     # The projection commutes with adding a constant to v. A row whose largest entry lies outside
     # [0, size] is shifted to put it at the nearer end, so that the partial sums below stay of the
-    # size of the answer (v = [1e17, 0] gave [0, 0], not [1, 0]); other rows are left as they are.
+    # size of the answer (unshifted, v = [1e17, 0] gives [0, 0], not [1, 0]); other rows are left as they are.
     top = v.amax(dim=-1, keepdim=True)
     v = v - (top - torch.minimum(top.clamp_min(0), size))
     u = torch.sort(v, dim=-1, descending=True).values

@@ -128,12 +128,13 @@ def fit(
             the loss per point is often near 0).
         standardize: standardise inputs and targets (recommended).
         seed: seeds the restarts, for bit-for-bit reproducible fits (torch's global generator is
-            neither used nor reset: a reset made every kernel built with ``seed=None`` after a fit
+            neither used nor reset: a reset would make every kernel built with ``seed=None`` after a fit
             draw the same random features).
         progress: show a progress bar.
         chunk_size: rows per chunk of the streamed likelihood.
         memory_budget: bytes one streamed evaluation may take (default 256 MiB;
-            sets the chunk size; give this or ``chunk_size``).
+            sets the chunk size; give this or ``chunk_size``); the model keeps it as its
+            ``memory_budget``, which bounds each chunk of its predictions too.
         statistics_dtype: accumulate ΦᵀΦ, Φᵀr, rᵀr and the loss in this dtype,
             e.g. ``torch.float64`` for a float32 model: float32 features with
             float64 accuracy of the likelihood.
@@ -220,8 +221,8 @@ def _check_model(model, restarts: int) -> None:
                                        ("mean", getattr(model.mean_module, "batch_shape", torch.Size())),
                                        ("noise", model.likelihood.noise.shape[:-1])) if len(part)]
     if batched:
-        # One loss per member: its restarts, convergence and history are per model, and the backward of a
-        # batch of losses failed ('grad can be implicitly created only for scalar outputs').
+        # One loss per member: its restarts, convergence and history are per model, and a batch of losses
+        # has no backward ('grad can be implicitly created only for scalar outputs').
         raise ValueError(f"fit trains one model at a time; this one has a batch_shape in its {', '.join(batched)}: "
                          "fit each member, or train the batch with a GPyTorch loop on the summed loss")
     if restarts:
@@ -270,8 +271,8 @@ def _prepare_data(model, x, y, *, restarts: int, standardize: bool, seed: int | 
     elif y is None:
         raise ValueError("y is required when x is an array; pass y=None only with an iterable of (x, y) chunks")
     else:
-        # Data, not variables: an x or y that requires grad put the standardisation into every loss's
-        # graph, and the second backward failed (with restarts the first: its buffers were overwritten).
+        # Data, not variables: an x or y that requires grad would put the standardisation into every
+        # loss's graph, whose buffers the first backward frees, so the next backward would fail.
         x, y = (t.detach() for t in model.check_data(x, y))
         check_learnable_targets(x.shape[0], float(y.min()), float(y.max()))
         raw = x, y
