@@ -322,7 +322,8 @@ def test_srff_predicts_in_blocks_of_rows(monkeypatch):
     x_test = rng.uniform(-2, 2, (250, 3))
     whole = model.transform_features(x_test) @ model.output_weights_ + model.intercept_
     rows, cos = [], np.cos
-    monkeypatch.setattr("alacarte.selection.srff.PREDICT_CHUNK", 64)
+    # the package's memory budget sized for 64 rows of the m×D phases and their cosines
+    monkeypatch.setattr("alacarte.selection.rffnet.DEFAULT_MEMORY_BUDGET", 64 * 2 * len(model.output_weights_) * 8)
     monkeypatch.setattr(np, "cos", lambda phases: rows.append(phases.shape[0]) or cos(phases))  # the features' rows
     predicted = model.predict(x_test)
     monkeypatch.undo()

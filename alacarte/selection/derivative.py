@@ -68,7 +68,6 @@ Memory is O((n d)²) for L: this is a small-data baseline, and it refuses
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 
 import numpy as np
@@ -81,6 +80,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from .._validation import (
     check_bool,
+    check_positive_int,
     check_real,
     column_standardization,
     float64_targets,
@@ -209,9 +209,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         for name in ("refit", "warm_start"):
             check_bool(getattr(self, name), name)
         for name in ("max_iter", "max_inner_iter", "max_memory_bytes"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            check_positive_int(getattr(self, name), name)
 
     @unfitted_on_failure
     def fit(self, X, y) -> "DerivativeSelector":

@@ -32,7 +32,6 @@ Departures from the public implementation, each for a reason:
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 import torch
@@ -42,11 +41,15 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 from torch import Tensor
 
-from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
+from .._chunks import DEFAULT_MEMORY_BUDGET, rows_within
+from .._validation import check_positive_int, check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
 
 __all__ = ["RFFNetRegressor", "RFFNetClassifier"]
 
-PREDICT_CHUNK = 4096  # rows per block at prediction: bounds the n×s buffer
+
+def prediction_rows(num_features: int, itemsize: int = 8) -> int:
+    """Rows per block at prediction: an m×s projection and its cosine within the package's one budget."""
+    return rows_within(DEFAULT_MEMORY_BUDGET, 2 * num_features * itemsize)
 
 
 def default_num_features(n: int) -> int:
@@ -72,9 +75,10 @@ class _RFFNetParameters:
     def decision(self, x: Tensor) -> Tensor:
         """f(x), evaluated in blocks of rows."""
         out = torch.empty(x.shape[0], dtype=x.dtype)
-        for start in range(0, x.shape[0], PREDICT_CHUNK):
-            block = x[start:start + PREDICT_CHUNK]
-            out[start:start + PREDICT_CHUNK] = torch.cos(self.projections(block)) @ self.beta * self.scale + self.intercept
+        rows = prediction_rows(self.omega.shape[0], x.element_size())
+        for start in range(0, x.shape[0], rows):
+            block = x[start:start + rows]
+            out[start:start + rows] = torch.cos(self.projections(block)) @ self.beta * self.scale + self.intercept
         return out
 
     def snapshot(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -179,15 +183,10 @@ class _RFFNetBase(BaseEstimator):
 
     # ------------------------------------------------------------------ checks
     def _check_params(self) -> None:
-        def positive_int(name):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-
         for name in ("batch_size", "max_epochs", "patience"):
-            positive_int(name)
+            check_positive_int(getattr(self, name), name)
         if self.n_random_features is not None:
-            positive_int("n_random_features")
+            check_positive_int(self.n_random_features, "n_random_features")
         check_real(self.alpha, "alpha", 0, include_low=True)
         check_real(self.learning_rate, "learning_rate", 0)
         check_real(self.validation_fraction, "validation_fraction", 0, 1, include_low=True)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from numbers import Integral
 
 import numpy as np
 import torch
@@ -11,8 +10,8 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import Tensor
 
-from .._validation import check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
-from .rffnet import PREDICT_CHUNK
+from .._validation import check_positive_int, check_real, column_standardization, float64_targets, unfitted_on_failure, varying_columns
+from .rffnet import prediction_rows
 from ..ops.simplex import MonotoneFISTA
 
 __all__ = ["SRFFRegressor"]
@@ -248,15 +247,12 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
     # -- checks -------------------------------------------------------------------------
     def _check_params(self) -> None:
         for name in ("n_components", "n_alphas", "n_neighbors", "max_iter", "fista_iter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int(getattr(self, name), name)
         for name in ("alpha", "simplex_size"):
             check_real(getattr(self, name), name, 0, allow_none=True)
         check_real(self.validation_fraction, "validation_fraction", 0, 1)
-        patience = self.path_patience
-        if patience is not None and (isinstance(patience, bool) or not isinstance(patience, Integral) or patience < 1):
-            raise ValueError(f"path_patience must be a positive integer or None, got {patience!r}")
+        if self.path_patience is not None:
+            check_positive_int(self.path_patience, "path_patience")
         check_real(self.tol, "tol", 0, include_low=True)
 
     # -- fitting ------------------------------------------------------------------------
@@ -388,6 +384,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         # In blocks of rows, as RFFNet predicts: the features of all m rows at once are m×D (at m = 160 000
         # and D = 300 the peak memory grew by 743 MB, more than fitting on 40 000 rows took).
         out = np.empty(X.shape[0])
-        for start in range(0, X.shape[0], PREDICT_CHUNK):
-            out[start : start + PREDICT_CHUNK] = self._features(X[start : start + PREDICT_CHUNK]) @ self.output_weights_
+        rows = prediction_rows(len(self.output_weights_))
+        for start in range(0, X.shape[0], rows):
+            out[start : start + rows] = self._features(X[start : start + rows]) @ self.output_weights_
         return out + self.intercept_
