@@ -1,0 +1,85 @@
+"""Likelihood evaluations per L-BFGS iteration on real fits (issue 50's first goal: ≤ 1.15).
+
+Fits each (dataset, kernel) on UCI split 0 with ``alacarte.fit``'s defaults (restarts, held-out rows),
+counting every evaluation of the likelihood (``Optimization._loss``) and every iteration of every
+optimisation — restarts, the final one and the noise refit — and appends one JSON line per fit.
+
+    python experiments/evaluations_per_iteration.py --out experiments/results/evaluations_per_iteration.jsonl \
+        --datasets pol kin40k --kernels fsard gm --num-samples 256
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+import alacarte as ac
+from alacarte.bench.settings import package_version
+from alacarte.factory import make_model
+from alacarte.training import _optimization as optimization
+
+
+class Counter:
+    """Counts Optimization._loss and Optimization._iterate calls while installed."""
+
+    def __init__(self):
+        self.evaluations = self.iterations = 0
+        self._loss, self._iterate = optimization.Optimization._loss, optimization.Optimization._iterate
+
+    def __enter__(self):
+        counter = self
+
+        def loss(opt, backward):
+            counter.evaluations += 1
+            return counter._loss(opt, backward)
+
+        def iterate(opt):
+            counter.iterations += 1
+            return counter._iterate(opt)
+
+        optimization.Optimization._loss, optimization.Optimization._iterate = loss, iterate
+        return self
+
+    def __exit__(self, *exc):
+        optimization.Optimization._loss, optimization.Optimization._iterate = self._loss, self._iterate
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--datasets", nargs="+", default=["pol", "kin40k"])
+    parser.add_argument("--kernels", nargs="+", default=["fsard", "gm"])
+    parser.add_argument("--num-samples", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    done = set()
+    if args.out.exists():
+        done = {(r["dataset"], r["kernel"]) for r in map(json.loads, args.out.read_text().splitlines())}
+    for dataset in args.datasets:
+        data = ac.load_uci(dataset, 0, args.data)
+        for kernel in args.kernels:
+            if (dataset, kernel) in done:
+                continue
+            model = make_model(kernel, data.x_train.shape[1], num_samples=args.num_samples, seed=0).double()
+            start = time.perf_counter()
+            with Counter() as counted, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                history = ac.fit(model, data.x_train, data.y_train, seed=0, progress=False)
+            row = {"dataset": dataset, "kernel": kernel, "num_features": 2 * args.num_samples,
+                   "evaluations": counted.evaluations, "iterations": counted.iterations,
+                   "per_iteration": round(counted.evaluations / counted.iterations, 3),
+                   "final_iterations": history.iterations, "seconds": round(time.perf_counter() - start, 1),
+                   "threads": torch.get_num_threads(), "version": package_version()}
+            with args.out.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()
