@@ -7,10 +7,10 @@ then :func:`alacarte.selection.select_inputs`; the settings of ``selection_bench
 ``gp-simplex-fsard``) is fitted on the original and on the widened columns; a row per fit is
 appended as it finishes, so a killed run resumes.
 
-    python experiments/selection_real.py run --out experiments/results/selection_real.csv \
+    python experiments/selection_real.py run --out experiments/results/appended_columns.csv \
         --datasets yacht housing concrete wine skillcraft elevators
-    python experiments/selection_real.py report experiments/results/selection_real.csv \
-        > experiments/results/selection_real.md
+    python experiments/selection_real.py report experiments/results/appended_columns.csv \
+        > experiments/results/appended_columns.md
 """
 from __future__ import annotations
 
