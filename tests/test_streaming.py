@@ -257,7 +257,8 @@ def test_cache_posterior_predicts_like_the_in_memory_posterior():
 
 
 def test_float64_statistics_keep_a_float32_model_accurate():
-    # Small noise and many features: A = ΦᵀΦ + σ²I spans ~7 decades, beyond float32.
+    # Small noise and many features: A = ΦᵀΦ + σ²I spans ~7 decades, beyond float32.  (σ² below
+    # alacarte._mixed_precision.MIN_NOISE: features widened before any product; tests/test_mixed_precision.py above it.)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 4, generator=gen, dtype=torch.float64)
     y = torch.sin(2 * x[:, 0]) * x[:, 1] + 0.01 * torch.randn(2000, generator=gen, dtype=torch.float64)
