@@ -20,6 +20,12 @@ ratios use them.  ``--parallel k`` runs k configurations at a time.
   Cholesky for the log-determinant);
 * ``streamed x2``: the streamed path on 2 gloo processes, each with half the rows.
 
+``--round-robin`` times instead, in one process and round-robin, one
+evaluation of each of ``streamed``, ``in-memory``, ``gpytorch`` and the streamed
+path with float32 features and float64 statistics, at ``--n`` rows, and writes
+their median and min–max with the load average and thread count (``--time-out``);
+peak memory needs the fresh processes above.
+
 Configurations that need the n×D feature matrix where it cannot fit in 24 GB
 (n·D·8 B ≥ 16 GB, twice that with its gradient) are listed as not run.  Each
 finished configuration is appended to ``--raw`` (JSON lines) and the table is
@@ -29,6 +35,7 @@ Usage::
 
     python experiments/bench_streaming.py [--n 100000] [--scaling-ns 100000 1000000 2000000]
         [--scaling-samples 256] [--parallel 4] [--data /tmp/alacarte_bench]
+    python experiments/bench_streaming.py --round-robin [--n 20000] [--repeats 3] [--threads 1]
 """
 from __future__ import annotations
 
@@ -48,6 +55,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 NUM_SAMPLES = 1024  # the default of the main comparison
 MEMORY_BUDGET = 512 * 2**20
@@ -169,6 +177,79 @@ def worker(args) -> None:
               "all_seconds": times, "cpu_seconds": float(np.median(cpu_times)), "loss": loss,
               "peak_rss": peak_rss_bytes(), "load": load, "rank": rank}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- round-robin timing, in one process ------------------------------------------------------------
+def round_robin(args) -> str:
+    """Time the paths' evaluations round-robin in this process; the report's text."""
+    import copy
+
+    import gpytorch
+    import torch
+
+    from _timing import load_average, sample_times, spread
+    from alacarte import FeatureGP, FSARDKernel, WoodburyMarginalLogLikelihood
+    from alacarte.streaming import ChunkedData, streamed_negative_mll
+
+    torch.set_num_threads(args.threads)
+    torch.set_default_dtype(torch.float64)
+    x_path, y_path = data_files(args.data, args.n)
+    x_map, y_map = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
+    x, y = torch.as_tensor(np.array(x_map)), torch.as_tensor(np.array(y_map))
+    d, m = x.shape[1], args.num_samples
+    streamed = FeatureGP(None, None, FSARDKernel(d, m, ard_num_dims=d, seed=0))
+    mixed = copy.deepcopy(streamed).float()
+    in_memory = copy.deepcopy(streamed)
+    in_memory.set_train_data(x, y, strict=False)
+    theirs = gpytorch.models.ExactGP(x, y, gpytorch.likelihoods.GaussianLikelihood())
+    theirs.mean_module = gpytorch.means.ConstantMean()
+    theirs.covar_module = gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.RFFKernel(num_samples=m, num_dims=d, ard_num_dims=d))
+    theirs.forward = lambda inputs: gpytorch.distributions.MultivariateNormal(theirs.mean_module(inputs),
+                                                                                theirs.covar_module(inputs))
+
+    def on_rows(model, mll):
+        def run():
+            model.zero_grad()
+            (-mll(model(x), y)).backward()
+        return run
+
+    def on_chunks(model, data):
+        def run():
+            model.zero_grad()
+            streamed_negative_mll(model, data)
+        return run
+
+    paths = [
+        ("in-memory", on_rows(in_memory.train(), WoodburyMarginalLogLikelihood(in_memory.likelihood, in_memory))),
+        ("streamed", on_chunks(streamed.train(), ChunkedData(x_map, y_map, memory_budget=MEMORY_BUDGET))),
+        ("streamed, float32 features + float64 statistics", on_chunks(mixed.train(), ChunkedData(
+            x_map, y_map, memory_budget=MEMORY_BUDGET, statistics_dtype=torch.float64))),
+        ("gpytorch", on_rows(theirs.train(), gpytorch.mlls.ExactMarginalLogLikelihood(theirs.likelihood, theirs))),
+    ]
+    before = load_average()
+    samples = sample_times([run for _, run in paths], args.repeats)
+    after = load_average()
+    reference = float(np.median(samples[0]))
+    command = "python " + shlex.join(sys.argv)
+    lines = [
+        "# Streamed Woodbury likelihood: time per evaluation, round-robin in one process",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {platform.machine()}, 2 cores, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}, "
+        f"gpytorch {gpytorch.__version__}; load average (1 min) {before} before the timings, {after} after. "
+        f"SE1-like data (d = {d}), n = {args.n:,}, FSARD with M = {m} (D = {2 * m}), float64 unless said otherwise; "
+        f"streamed from memory-mapped `.npy` files, memory budget {MEMORY_BUDGET // 2**20} MiB. One evaluation = "
+        f"loss + gradient; median and min–max of {args.repeats} evaluations per path, the paths timed round-robin "
+        "(peak memory: experiments/results/streaming.md).",
+        "",
+        "| path | wall s / eval | min–max | vs in-memory |",
+        "|---|---:|---:|---:|",
+    ]
+    for (name, _), ts in zip(paths, samples):
+        lines.append(f"| {name} | {np.median(ts):.2f} | {spread(ts, digits=2)} | {np.median(ts) / reference:.2f}× |")
+    return "\n".join(lines) + "\n"
 
 
 # -- the driver -------------------------------------------------------------------------------
@@ -310,6 +391,8 @@ def render(args, done: dict, command: str) -> str:
                          f"{done[_key(config, big, mm)]['peak_rss'] / 2**30:.2f} GiB (target < 2 GB).")
     if os.path.abspath(args.raw) == os.path.abspath(os.path.join(RESULTS, "streaming_raw.jsonl")):
         lines += ["", *COMMITTED_RUNS]
+    lines += ["", "Times of the paths measured round-robin in one process, with their spread: "
+              "`--round-robin` (experiments/results/streaming_time.md)."]
     return "\n".join(lines) + "\n"
 
 
@@ -327,9 +410,18 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(RESULTS, "streaming.md"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=1, help="timed evaluations per configuration")
+    parser.add_argument("--round-robin", action="store_true", help="time the paths in this process instead")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of --round-robin")
+    parser.add_argument("--time-out", default=os.path.join(RESULTS, "streaming_time.md"))
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.round_robin:
+        report = round_robin(args)
+        print(report)
+        with open(args.time_out, "w") as fh:
+            fh.write(report)
+        return
     if args.render_only and not os.path.isfile(args.raw):  # else a table of nothing would replace --out
         parser.error(f"--render-only: no such raw file {args.raw}")
 
