@@ -317,7 +317,7 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
         return
     fitted = check_dict(record["fitted"], "record.fitted",
                         ("model", "n_features_in_", "n_iter_", "log_marginal_likelihood_", "history"),
-                        ("feature_names_in_",))
+                        ("feature_names_in_", "more_models"))
     check_int(fitted["n_iter_"], "record.fitted.n_iter_")
     check_float(fitted["log_marginal_likelihood_"], "record.fitted.log_marginal_likelihood_")
     check_history(fitted["history"], "record.fitted.history")
@@ -326,6 +326,12 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
     width = model.get("num_dims") if isinstance(model, dict) else None
     if not (type(width) is int and width == n_features):  # (width: whatever the file holds)
         fail("record.fitted.n_features_in_", f"{n_features}, but the model's num_dims is {width!r:.20}")
+    more = check_list(fitted.get("more_models", []), "record.fitted.more_models",
+                      lambda v, f: isinstance(v, dict) and v.get("num_dims") == width
+                      or fail(f, f"expected a model record with num_dims {width}"))
+    draws = params.get("num_draws", 1)
+    if not (type(draws) is int and len(more) == draws - 1):
+        fail("record.fitted.more_models", f"{len(more)} models, but the estimator's num_draws is {draws!r:.20}")
     if "feature_names_in_" in fitted:
         names = check_list(fitted["feature_names_in_"], "record.fitted.feature_names_in_",
                            lambda v, f: isinstance(v, str) or fail(f, f"expected a str, got {v!r:.80}"))

@@ -187,7 +187,7 @@ def _fit(args: argparse.Namespace) -> int:
     from .regressor import AlaCarteRegressor
 
     # Named as the flags, and before the data are read (the estimator would name its parameters: num_samples).
-    for flag in ("num_samples", "num_components", "max_iter"):
+    for flag in ("num_samples", "num_components", "num_draws", "max_iter"):
         check_positive_int(getattr(args, flag), "--" + flag.replace("_", "-"))
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
@@ -205,9 +205,9 @@ def _fit(args: argparse.Namespace) -> int:
     if args.kernel.startswith("exact") and len(y) > EXACT_GP_ROWS:
         print(f"alacarte: note: {exact_gp_cost(len(y))}", file=sys.stderr)
     reg = AlaCarteRegressor(
-        args.kernel, num_samples=args.num_samples, num_components=args.num_components, max_iter=args.max_iter,
-        restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed, progress=not args.quiet,
-        validation_fraction=args.validation_fraction,
+        args.kernel, num_samples=args.num_samples, num_components=args.num_components, num_draws=args.num_draws,
+        max_iter=args.max_iter, restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed,
+        progress=not args.quiet, validation_fraction=args.validation_fraction,
     )
     start = time.perf_counter()
     reg.fit(x, y)
@@ -322,6 +322,10 @@ def _add_fit(commands, common) -> None:
                      help=f"frequencies M (D = 2M features; default {default['num_samples']})")
     cmd.add_argument("--num-components", type=int, default=default["num_components"],
                      help=f"mixture components of gm/pwl (default {default['num_components']})")
+    cmd.add_argument("--num-draws", type=int, default=default["num_draws"],
+                     help="independent fits, each with its own feature draw, whose predictive distributions are "
+                          f"averaged: narrower where one draw's features fall short, at that many times the cost "
+                          f"(default {default['num_draws']})")
     cmd.add_argument("--max-iter", type=int, default=default["max_iter"],
                      help=f"L-BFGS iterations of the final optimisation (default {default['max_iter']}; as many "
                           "again for a refit when the noise ends at the lower bound)")

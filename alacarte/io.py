@@ -312,8 +312,9 @@ def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
     params["random_state"] = int(state) if isinstance(state, (int, np.integer)) else None
     record: dict[str, Any] = {"params": params}
     if hasattr(reg, "model_"):
-        model_record = _model_record(reg.model_)
-        _check_rebuilds(reg.model_, model_record)
+        model_record, *more = [_model_record(model) for model in reg.models_]
+        for model, saved in zip(reg.models_, [model_record, *more]):
+            _check_rebuilds(model, saved)
         record["fitted"] = {
             "model": model_record,
             "n_features_in_": int(reg.n_features_in_),
@@ -321,6 +322,8 @@ def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
             "log_marginal_likelihood_": float(reg.log_marginal_likelihood_),
             "history": {k: v for k, v in vars(reg.history_).items()},
         }
+        if more:
+            record["fitted"]["more_models"] = more
         if hasattr(reg, "feature_names_in_"):
             record["fitted"]["feature_names_in_"] = [str(n) for n in reg.feature_names_in_]
     return record
@@ -335,6 +338,8 @@ def _build_regressor(record: Any) -> AlaCarteRegressor:
     fitted = record.get("fitted")
     if fitted is not None:
         reg.model_ = _build_model(fitted["model"], "record.fitted.model")
+        reg.models_ = [reg.model_] + [_build_model(saved, f"record.fitted.more_models[{i}]")
+                                      for i, saved in enumerate(fitted.get("more_models", []))]
         reg.history_ = FitHistory(**fitted["history"])
         reg.n_features_in_ = fitted["n_features_in_"]
         reg.n_iter_ = fitted["n_iter_"]

@@ -86,6 +86,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             copied, never modified.
         num_samples: frequencies M of a named feature kernel (D = 2M features).
         num_components: mixture components of ``"gm"`` / ``"pwl"`` (must divide ``num_samples``).
+        num_draws: independent fits, each with its own feature draw, restarts and held-out rows
+            (seeds ``random_state + 1000·k``), whose predictive distributions are averaged: the
+            mean of their means, the variance of their equal mixture (docs/calibration.md).  A
+            finite feature map's error between the training rows is one draw's; averaging draws
+            shrinks it at ``num_draws`` times the fitting cost.
         max_iter: iterations of the final optimisation.
         restarts: data-driven random initialisations tried first (0: none).
         restart_iter: iterations per restart.
@@ -99,8 +104,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         progress: show a progress bar while fitting.
 
     Attributes:
-        model_: the fitted :class:`~alacarte.FeatureGP` / :class:`~alacarte.ExactRBFGP`.
-        history_: the :class:`~alacarte.training.FitHistory` of the fit.
+        model_: the fitted :class:`~alacarte.FeatureGP` / :class:`~alacarte.ExactRBFGP` (the first draw's).
+        models_: every draw's fitted model, ``model_`` first.
+        history_: the :class:`~alacarte.training.FitHistory` of the first draw's fit (as are
+            ``n_iter_`` and ``log_marginal_likelihood_``).
         n_iter_: iterations of the final optimisation (after the restarts), plus
             those of the noise refit when it was kept (see :class:`~alacarte.training.FitHistory`);
             at most 2·``max_iter``.
@@ -108,7 +115,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             targets in their original units (summed over the n points; log priors included).
         n_features_in_: number of input dimensions.
         relevance_: relevance of each input, non-negative and summing to one
-            (in standardised input units; see :func:`~alacarte.regressor.kernel_relevance`).
+            (in standardised input units; see :func:`~alacarte.regressor.kernel_relevance`),
+            averaged over the draws.
 
     **Predictive spread.** ``predict(X, return_std=True)`` returns the standard
     deviation of a new *observation* :math:`y_* = f_* + \varepsilon` by default —
@@ -142,6 +150,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         *,
         num_samples: int = _MODEL["num_samples"],
         num_components: int = _MODEL["num_components"],
+        num_draws: int = 1,
         max_iter: int = _FIT["max_iter"],
         restarts: int = _FIT["restarts"],
         restart_iter: int = _FIT["restart_iter"],
@@ -153,6 +162,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.kernel = kernel
         self.num_samples = num_samples
         self.num_components = num_components
+        self.num_draws = num_draws
         self.max_iter = max_iter
         self.restarts = restarts
         self.restart_iter = restart_iter
@@ -193,20 +203,25 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         y = float64_targets(y)
+        check_positive_int(self.num_draws, "num_draws")
         seed = _as_seed(self.random_state)
-        model = self._build_model(X.shape[1], seed)
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
-        self.history_: FitHistory = fit(
-            model, x_t, y_t, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
-            restart_iter=self.restart_iter, seed=seed, progress=self.progress,
-            validation_fraction=self.validation_fraction,
-        )
+        models, histories = [], []
+        for draw in range(self.num_draws):
+            draw_seed = (seed + 1000 * draw) % 2**64
+            models.append(self._build_model(X.shape[1], draw_seed))
+            histories.append(fit(
+                models[-1], x_t, y_t, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
+                restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
+                validation_fraction=self.validation_fraction,
+            ))
+        model, self.history_ = models[0], histories[0]
         # −loss is log p(y_std)/n (+ log priors); the standardisation y = s·y_std + c has Jacobian sⁿ.
         n = X.shape[0]
         loss = self.history_.final_loss
         self.log_marginal_likelihood_ = float(-loss * n - n * math.log(float(model.target_scale)))
         self.n_iter_ = self.history_.iterations
-        self.model_ = model
+        self.model_, self.models_ = model, models
         return self
 
     # -- prediction ---------------------------------------------------------------------
@@ -237,30 +252,26 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         if return_std and return_cov:
             raise RuntimeError("At most one of return_std or return_cov can be requested.")
         x = self._test_inputs(X)
-        model = self.model_
         if return_cov:
             return self._mean_and_covariance(x, include_noise)
-        pred = model.predict(x, mean_only=not return_std)
-        mean = pred.mean.numpy()
+        means, variances = [], []
+        for model in self.models_:
+            pred = model.predict(x, mean_only=not return_std)
+            means.append(pred.mean)
+            if return_std:
+                variances.append((pred.observed_variance if include_noise else pred.variance).clamp_min(0))
+        mean = torch.stack(means).mean(0)
         if not return_std:
-            return mean
-        variance = pred.observed_variance if include_noise else pred.variance
-        return mean, variance.clamp_min(0).sqrt().numpy()
+            return mean.numpy()
+        return mean.numpy(), _mixture_variance(torch.stack(means), torch.stack(variances), mean).sqrt().numpy()
 
-    @torch.no_grad()
     def _mean_and_covariance(self, x: torch.Tensor, include_noise: bool) -> tuple[np.ndarray, np.ndarray]:
-        model = self.model_
-        model.eval()
-        # debug off: GPyTorch warns when test inputs equal the training inputs, a legitimate query here.
-        with model.inference_settings(), gpytorch.settings.debug(False):
-            posterior = model(model.internal_query_inputs(x))
-            mean = posterior.mean * model.target_scale + model.target_offset
-            cov = posterior.covariance_matrix * model.target_scale**2
-        model.refuse_overflowed_rows(mean)
-        model.refuse_overflowed_rows(cov.diagonal(dim1=-2, dim2=-1))
-        if include_noise:
-            noise = model.likelihood.noise.reshape(()) * model.target_scale**2
-            cov = cov + noise * torch.eye(cov.shape[-1], dtype=cov.dtype)
+        """The predictive mean and covariance at x, of the draws' equal mixture."""
+        pairs = [_model_mean_and_covariance(model, x, include_noise) for model in self.models_]
+        means = torch.stack([m for m, _ in pairs])
+        mean = means.mean(0)
+        centred = means - mean
+        cov = torch.stack([c for _, c in pairs]).mean(0) + centred.transpose(0, 1) @ centred / len(pairs)
         return mean.numpy(), cov.numpy()
 
     def sample_y(self, X, n_samples: int = 1, random_state: int | np.random.RandomState | None = 0) -> np.ndarray:
@@ -282,18 +293,53 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         x = self._test_inputs(X)
         check_positive_int(n_samples, "n_samples")
         seed = _as_seed(random_state)
-        model = self.model_
-        if isinstance(model, FeatureGP):
-            return model.sample_functions(n_samples, seed=seed)(x).T.numpy()
-        mean, cov = self._mean_and_covariance(x, include_noise=False)
-        # Drawn in the standardised units: numpy's positive-semidefinite check has an absolute
-        # tolerance (1e-8), which round-off in a covariance of targets in large units exceeds.
-        scale = float(model.target_scale)
-        draws = np.random.default_rng(seed).multivariate_normal(np.zeros_like(mean), cov / scale / scale, n_samples)
-        return (mean + scale * draws).T
+        # Draw j comes from draw j mod K's posterior: an equal mixture, stratified over the draws.
+        columns = [_posterior_draws(model, x, len(range(k, n_samples, len(self.models_))), seed + k)
+                   for k, model in enumerate(self.models_)]
+        draws = np.empty((x.shape[0], n_samples))
+        for k, block in enumerate(columns):
+            draws[:, k::len(self.models_)] = block
+        return draws
 
     @property
     def relevance_(self) -> np.ndarray:
-        """Relevance of each input dimension (non-negative, sums to one)."""
+        """Relevance of each input dimension (non-negative, sums to one), averaged over the draws."""
         check_is_fitted(self)
-        return kernel_relevance(self.model_)
+        return np.mean([kernel_relevance(model) for model in self.models_], axis=0)
+
+
+def _mixture_variance(means: torch.Tensor, variances: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """The variance of an equal mixture of Gaussians N(means[k], variances[k]) whose mean is ``mean``."""
+    return variances.mean(0) + (means - mean).square().mean(0)
+
+
+@torch.no_grad()
+def _model_mean_and_covariance(model, x: torch.Tensor, include_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One model's predictive mean and covariance at x, in the targets' units."""
+    model.eval()
+    # debug off: GPyTorch warns when test inputs equal the training inputs, a legitimate query here.
+    with model.inference_settings(), gpytorch.settings.debug(False):
+        posterior = model(model.internal_query_inputs(x))
+        mean = posterior.mean * model.target_scale + model.target_offset
+        cov = posterior.covariance_matrix * model.target_scale**2
+    model.refuse_overflowed_rows(mean)
+    model.refuse_overflowed_rows(cov.diagonal(dim1=-2, dim2=-1))
+    if include_noise:
+        noise = model.likelihood.noise.reshape(()) * model.target_scale**2
+        cov = cov + noise * torch.eye(cov.shape[-1], dtype=cov.dtype)
+    return mean, cov
+
+
+def _posterior_draws(model, x: torch.Tensor, count: int, seed: int) -> np.ndarray:
+    """``count`` posterior draws of one model's latent function at x, (m, count)."""
+    if count == 0:
+        return np.empty((x.shape[0], 0))
+    seed %= 2**64
+    if isinstance(model, FeatureGP):
+        return model.sample_functions(count, seed=seed)(x).T.numpy()
+    mean, cov = (t.numpy() for t in _model_mean_and_covariance(model, x, include_noise=False))
+    # Drawn in the standardised units: numpy's positive-semidefinite check has an absolute
+    # tolerance (1e-8), which round-off in a covariance of targets in large units exceeds.
+    scale = float(model.target_scale)
+    draws = np.random.default_rng(seed).multivariate_normal(np.zeros_like(mean), cov / scale / scale, count)
+    return (mean + scale * draws).T

@@ -251,9 +251,21 @@ def test_predict_refuses_a_row_whose_prediction_overflows(fitted, tmp_path, caps
     assert captured.out == "" and "x rows [1] (first 5 shown) give NaN predictions" in captured.err
 
 
+def test_num_draws_fits_and_saves_every_draw(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, size=(40, 2))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.normal(size=40)
+    data = write_csv(tmp_path / "d.csv", ["a", "b", "y"], np.column_stack([x, y]))
+    assert main(["fit", data, "--target", "y", "--kernel", "fsard", "--num-draws", "2", *SMALL]) == 0
+    reg = load_model(tmp_path / "d.alacarte")
+    assert reg.num_draws == 2 and len(reg.models_) == 2
+    assert main(["predict", str(tmp_path / "d.alacarte"), data, "-q"]) == 0
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--num-samples", "0", "--num-samples must be a positive integer, got 0"),
     ("--num-components", "-1", "--num-components must be a positive integer, got -1"),
+    ("--num-draws", "0", "--num-draws must be a positive integer, got 0"),
     ("--max-iter", "0", "--max-iter must be a positive integer, got 0"),
     ("--restarts", "-1", "--restarts must be a non-negative integer, got -1"),
     ("--restart-iter", "0", "--restart-iter must be a positive integer, got 0"),

@@ -109,6 +109,22 @@ def test_regressor_round_trip_with_metadata_and_kernel_object(tmp_path):
     assert load_model(tmp_path / "u.alacarte").get_params() == unfitted.get_params()
 
 
+def test_every_draw_of_a_regressor_is_saved_and_a_file_missing_one_is_refused(tmp_path):
+    x, y = data()
+    reg = AlaCarteRegressor("gm", num_draws=2, **SMALL).fit(x, y)
+    good = save_model(reg, tmp_path / "r.alacarte").read_bytes()
+    loaded = load_model(tmp_path / "r.alacarte")
+    assert len(loaded.models_) == 2 and loaded.num_draws == 2
+    a, b = reg.predict(x, return_std=True), loaded.predict(x, return_std=True)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    payload = torch.load(io.BytesIO(_parts(good)[1]), weights_only=True)
+    fitted = {k: v for k, v in payload["record"]["fitted"].items() if k != "more_models"}
+    short = {**payload, "record": {**payload["record"], "fitted": fitted}}
+    (tmp_path / "bad.alacarte").write_bytes(_rewritten(good, body=_torch_bytes(short)))
+    with pytest.raises(ValueError, match="num_draws"):
+        load_model(tmp_path / "bad.alacarte")
+
+
 def test_an_unwritable_directory_is_a_value_error(tmp_path, monkeypatch):
     """A directory the user may not write to (simulated: the tests may run as root) is a ValueError
     naming it, not a bare PermissionError naming the temporary file."""

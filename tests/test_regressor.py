@@ -14,6 +14,7 @@ from sklearn.preprocessing import StandardScaler
 
 import alacarte as ac
 from alacarte import AlaCarteRegressor
+from alacarte.regressor import kernel_relevance
 from alacarte.factory import KERNEL_NAMES, make_model
 
 # Small enough to fit in a fraction of a second, large enough to fit well.
@@ -146,6 +147,35 @@ def test_sample_y_draws_the_latent_posterior(name):
     sd = np.sqrt(np.diag(cov))
     assert np.all(np.abs(draws.mean(1) - mean) < 5 * sd / np.sqrt(4000))
     assert np.allclose(np.cov(draws), cov, atol=0.1 * sd.max() ** 2)
+
+
+@pytest.mark.parametrize("name", ["fsard", "exact-rbf"])
+def test_several_draws_predict_their_equal_mixture(name):
+    """num_draws = 3: the first draw is the one-draw fit; the mean and variance are the equal
+    mixture's, computed here from each draw's own posterior; the covariance's diagonal is that
+    variance; sample_y's draws have the mixture's mean and covariance; relevances are averaged."""
+    x, y = data(n=60)
+    x_test = torch.as_tensor(data(n=5, seed=5)[0])
+    one = AlaCarteRegressor(name, **SMALL).fit(x, y)
+    reg = AlaCarteRegressor(name, num_draws=3, **SMALL).fit(x, y)
+    assert len(reg.models_) == 3 and reg.model_ is reg.models_[0]
+    preds = [model.predict(x_test) for model in reg.models_]
+    means = np.stack([p.mean.detach().numpy() for p in preds])
+    variances = np.stack([p.observed_variance.detach().numpy() for p in preds])
+    assert np.array_equal(means[0], one.predict(x_test.numpy())) and not np.allclose(means[0], means[1])
+    mean, std = reg.predict(x_test.numpy(), return_std=True)
+    assert np.allclose(mean, means.mean(0), rtol=1e-12)
+    assert np.allclose(std**2, variances.mean(0) + means.var(0), rtol=1e-10)
+    _, cov_y = reg.predict(x_test.numpy(), return_cov=True)
+    assert np.allclose(np.diag(cov_y), std**2, rtol=1e-7)
+    mean_f, cov_f = reg.predict(x_test.numpy(), return_cov=True, include_noise=False)
+    draws = reg.sample_y(x_test.numpy(), n_samples=6000, random_state=1)
+    sd = np.sqrt(np.diag(cov_f))
+    assert np.all(np.abs(draws.mean(1) - mean_f) < 5 * sd / np.sqrt(6000))
+    assert np.allclose(np.cov(draws), cov_f, atol=0.1 * sd.max() ** 2)
+    assert np.allclose(reg.relevance_, np.mean([kernel_relevance(m) for m in reg.models_], axis=0))
+    with pytest.raises(ValueError, match="num_draws"):
+        AlaCarteRegressor(name, num_draws=0, **SMALL).fit(x, y)
 
 
 def test_relevance_is_the_kernels_or_inverse_lengthscales():
