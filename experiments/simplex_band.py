@@ -1,0 +1,78 @@
+"""The simplex-ARD GP's predictive band: the marginal likelihood's, or set on rows held out of the fit
+(docs/calibration.md).
+
+    python experiments/simplex_band.py OUT.jsonl DATASETS
+    e.g. python experiments/simplex_band.py experiments/results/simplex_band.jsonl yacht,autompg,housing
+
+Per dataset and UCI split 0–2, FSARD with ``simplex=True`` at ``selection_real.py``'s settings (seed =
+split), twice: ``all`` — ``fit`` and ``select_inputs`` on all training rows (today's default: a
+simplex kernel holds nothing out); ``calibrated`` — the same on a seeded 80% of the rows, then σ² and
+σ_f² set on the other 20% (:meth:`alacarte.holdout.HeldOut.calibrate`) and the posterior conditioned
+on all rows.  One JSON line per (dataset, split), appended.  One thread; data from ``$ALACARTE_DATA``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import alacarte as ac
+from alacarte.bench.scores import predictive_scores
+from alacarte.holdout import HeldOut, split_rows
+from alacarte.selection import select_inputs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from selection_real import gp_settings  # noqa: E402  (experiments/, the script's own folder)
+
+
+def fit_and_score(data, split: int, held_out: bool) -> dict:
+    x, y = data.x_train, data.y_train
+    n, d = x.shape
+    settings = gp_settings(n, d)
+    start = time.time()
+    kernel = ac.FSARDKernel(d, settings["num_samples"], ard_num_dims=d, simplex=True, seed=split).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    kept, held = split_rows(n, 0.2, split) if held_out else (np.arange(n), None)
+    kept = np.asarray(kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ac.fit(model, x[kept], y[kept], max_iter=settings["max_iter"], restarts=settings["restarts"],
+               restart_iter=10, progress=False, seed=split, validation_fraction=0)
+        select_inputs(model, x[kept], y[kept], seed=split)
+    if held is not None:
+        held = np.asarray(held)
+        inputs = lambda a: model.internal_query_inputs(torch.as_tensor(a))  # noqa: E731
+        targets = lambda a: (torch.as_tensor(a) - model.target_offset) / model.target_scale  # noqa: E731
+        model.train()
+        HeldOut(model, inputs(x[held]), targets(y[held])).calibrate()
+        model.set_train_data(inputs(x), targets(y), strict=False)
+    pred = model.predict(data.x_test)
+    scores = predictive_scores(pred.mean.detach(), pred.observed_variance.detach(), torch.as_tensor(data.y_test))
+    scores["selected"] = [int(i) for i in np.flatnonzero(kernel.relevance.detach().numpy().reshape(-1) > 0)]
+    scores["seconds"] = round(time.time() - start, 1)
+    return scores
+
+
+def main() -> None:
+    out, datasets = sys.argv[1], sys.argv[2].split(",")
+    torch.set_num_threads(1)
+    with open(out, "a") as fh:
+        for dataset in datasets:
+            for split in range(3):
+                data = ac.load_uci(dataset, split, os.environ.get("ALACARTE_DATA"))
+                row = {"dataset": dataset, "split": split}
+                for mode in ("all", "calibrated"):
+                    row[mode] = fit_and_score(data, split, mode == "calibrated")
+                    print(dataset, split, mode, round(row[mode]["nlpd"], 3), flush=True)
+                fh.write(json.dumps(row) + "\n")
+                fh.flush()
+
+
+if __name__ == "__main__":
+    main()
