@@ -2,7 +2,10 @@
 
 Fits each (dataset, kernel) on UCI split 0 with ``alacarte.fit``'s defaults (restarts, held-out rows),
 counting every evaluation of the likelihood (``Optimization._loss``) and every iteration of every
-optimisation — restarts, the final one and the noise refit — and appends one JSON line per fit.
+optimisation — restarts, the final one and the noise refit — and appends one JSON line per fit, with
+``by_optimisation``: [iterations, evaluations] of each optimisation in the order they ran, and
+``line_searches``: the iterations that took more than one evaluation, as [optimisation, iteration,
+evaluations].
 
     python experiments/evaluations_per_iteration.py --out experiments/results/evaluations_per_iteration.jsonl \
         --datasets pol kin40k --kernels fsard gm --num-samples 256
@@ -24,10 +27,12 @@ from alacarte.training import _optimization as optimization
 
 
 class Counter:
-    """Counts Optimization._loss and Optimization._iterate calls while installed."""
+    """Counts Optimization._loss and Optimization._iterate calls while installed, per optimisation."""
 
     def __init__(self):
         self.evaluations = self.iterations = 0
+        self.by_optimisation: list[list[int]] = []  # [iterations, evaluations] per Optimization, in order
+        self.line_searches: list[list[int]] = []
         self._loss, self._iterate = optimization.Optimization._loss, optimization.Optimization._iterate
 
     def __enter__(self):
@@ -39,7 +44,17 @@ class Counter:
 
         def iterate(opt):
             counter.iterations += 1
-            return counter._iterate(opt)
+            before = counter.evaluations
+            result = counter._iterate(opt)
+            spent = counter.evaluations - before
+            if not hasattr(opt, "counted_as"):  # (an id() could be reused once an optimisation is freed)
+                opt.counted_as = len(counter.by_optimisation)
+                counter.by_optimisation.append([0, 0])
+            tally = counter.by_optimisation[opt.counted_as]
+            tally[0], tally[1] = tally[0] + 1, tally[1] + spent
+            if spent > 1:
+                counter.line_searches.append([opt.counted_as, opt.iteration, spent])
+            return result
 
         optimization.Optimization._loss, optimization.Optimization._iterate = loss, iterate
         return self
@@ -74,7 +89,9 @@ def main(argv=None) -> None:
             row = {"dataset": dataset, "kernel": kernel, "num_features": 2 * args.num_samples,
                    "evaluations": counted.evaluations, "iterations": counted.iterations,
                    "per_iteration": round(counted.evaluations / counted.iterations, 3),
-                   "final_iterations": history.iterations, "seconds": round(time.perf_counter() - start, 1),
+                   "final_iterations": history.iterations,
+                   "by_optimisation": counted.by_optimisation,
+                   "line_searches": counted.line_searches, "seconds": round(time.perf_counter() - start, 1),
                    "threads": torch.get_num_threads(), "version": package_version()}
             with args.out.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
