@@ -5,10 +5,12 @@ rest row-permuted copies of real columns (each its own permutation, so a copy ke
 marginal distribution and loses its relation to y).  The simplex-ARD GP (FSARD, ``simplex=True``,
 then :func:`alacarte.selection.select_inputs`; the settings of ``selection_benchmark.py``'s
 ``gp-simplex-fsard``) is fitted on the original and on the widened columns; a row per fit is
-appended as it finishes, so a killed run resumes.
+appended as it finishes, so a killed run resumes.  ``--draws K`` fits the widened columns K times,
+with K feature draws (fit seeds seed, seed + 1, …): the report then gives each input's selection
+frequency and the set kept by at least 4 of 5 draws (:meth:`~alacarte.selection.SelectionFrequency.stable`'s rule).
 
     python experiments/selection_real.py run --out experiments/results/appended_columns.csv \
-        --datasets yacht housing concrete wine skillcraft elevators
+        --datasets yacht housing concrete wine skillcraft elevators [--draws 5]
     python experiments/selection_real.py report experiments/results/appended_columns.csv \
         > experiments/results/appended_columns.md
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import defaultdict
 import time
 import warnings
 from pathlib import Path
@@ -31,7 +34,7 @@ from alacarte.selection import select_inputs  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from selection_benchmark import gp_settings  # noqa: E402
 
-FIELDS = ["dataset", "columns", "seed", "n_train", "d", "selected", "rmse", "nlpd", "coverage95", "seconds",
+FIELDS = ["dataset", "columns", "seed", "draw", "n_train", "d", "selected", "rmse", "nlpd", "coverage95", "seconds",
           "threads", "version"]
 
 
@@ -66,31 +69,33 @@ def fit_selected(x: np.ndarray, y: np.ndarray, seed: int):
 
 def run(args) -> None:
     torch.set_num_threads(args.threads)
-    done = {(r["dataset"], r["columns"], int(r["seed"])) for r in read_rows(args.out)}
+    done = {(r["dataset"], r["columns"], int(r["seed"]), int(r["draw"])) for r in read_rows(args.out)}
+    cells = [("original", 0)] + [("widened", draw) for draw in range(args.draws)]
     for dataset in args.datasets:
         data = ac.load_uci(dataset, 0, args.data)
-        for columns in ("original", "widened"):
-            if (dataset, columns, args.seed) in done:
+        for columns, draw in cells:
+            if (dataset, columns, args.seed, draw) in done:
                 continue
             x, xt = data.x_train, data.x_test
             if columns == "widened":
                 x, xt = widen(x, xt, args.seed)
             start = time.perf_counter()
-            model = fit_selected(x, data.y_train, args.seed)
+            model = fit_selected(x, data.y_train, args.seed + draw)
             seconds = time.perf_counter() - start
             pred = model.predict(xt)
             scores = predictive_scores(pred.mean, pred.observed_variance, torch.as_tensor(data.y_test))
-            row = {"dataset": dataset, "columns": columns, "seed": args.seed, "n_train": len(x),
+            row = {"dataset": dataset, "columns": columns, "seed": args.seed, "draw": draw, "n_train": len(x),
                    "d": data.x_train.shape[1], "selected": " ".join(map(str, model.covar_module.selected().tolist())),
                    "rmse": scores["rmse"], "nlpd": scores["nlpd"], "coverage95": scores["coverage95"],
                    "seconds": round(seconds, 1), "threads": torch.get_num_threads(), "version": package_version()}
             append_row(args.out, FIELDS, row)
-            print(dataset, columns, f"rmse {row['rmse']:.4g} nlpd {row['nlpd']:.3f} kept [{row['selected']}] "
+            print(dataset, columns, draw, f"rmse {row['rmse']:.4g} nlpd {row['nlpd']:.3f} kept [{row['selected']}] "
                   f"({seconds:.0f} s)", flush=True)
 
 
 def report(args) -> str:
-    rows = {(r["dataset"], r["columns"]): r for r in read_rows(args.results)}
+    all_rows = read_rows(args.results)
+    rows = {(r["dataset"], r["columns"]): r for r in all_rows if int(r["draw"]) == 0}
     out = ["| dataset (n, d) | appended zeroed | appended kept: noise / copies | real dropped, original | "
            "real dropped, widened | RMSE widened / original | NLPD original → widened | 95% cov. widened | "
            "s (widened) |",
@@ -121,7 +126,36 @@ def report(args) -> str:
         out += ["", f"Goals (issue 49): ≥ 95% of appended columns zeroed on every dataset — "
                     f"{sum(s >= 0.95 for s in shares)}/{len(shares)}; RMSE within 3% of the original columns' — "
                     f"{sum(r <= 1.03 for r in ratios)}/{len(ratios)}."]
-    return "\n".join(out)
+    return "\n".join(out + draws_table(all_rows, rows))
+
+
+def draws_table(all_rows: list[dict], first: dict) -> list[str]:
+    """Where the widened columns were fitted on several feature draws: what the draws agree on."""
+    draws = defaultdict(list)
+    for r in all_rows:
+        if r["columns"] == "widened":
+            draws[r["dataset"]].append(r)
+    out = ["", "**Over feature draws** (the widened columns; *stable*: kept by at least 80% of the draws)", "",
+           "| dataset (n, d) | draws | appended zeroed, per draw | appended zeroed by the stable set | "
+           "appended in some draw's set | real columns not stable | RMSE widened / original, mean over draws |",
+           "|---|---:|---|---:|---|---|---:|"]
+    shown = 0
+    for dataset, rs in draws.items():
+        if len(rs) < 2 or (dataset, "original") not in first:
+            continue
+        d = int(rs[0]["d"])
+        kept = [{int(j) for j in r["selected"].split()} for r in rs]
+        frequency = np.array([sum(j in k for k in kept) for j in range(2 * d)]) / len(rs)
+        stable = set(np.flatnonzero(frequency >= 0.8 - 1e-12).tolist())
+        zeroed = [1 - sum(j >= d for j in k) / d for k in kept]
+        ever = sorted(j for j in range(d, 2 * d) if frequency[j] > 0)
+        ratio = np.mean([float(r["rmse"]) for r in rs]) / float(first[(dataset, "original")]["rmse"])
+        out.append(f"| {dataset} ({rs[0]['n_train']}, {d}) | {len(rs)} | {min(zeroed):.0%}–{max(zeroed):.0%} | "
+                   f"{1 - sum(j >= d for j in stable) / d:.0%} | "
+                   f"{' '.join(f'{j} ({frequency[j]:.0%})' for j in ever) or 'none'} | "
+                   f"{' '.join(map(str, sorted(set(range(d)) - stable))) or 'none'} | {ratio:.3f} |")
+        shown += 1
+    return out if shown else []
 
 
 def main(argv=None) -> None:
@@ -131,6 +165,7 @@ def main(argv=None) -> None:
     r.add_argument("--out", required=True)
     r.add_argument("--datasets", nargs="+", required=True)
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--draws", type=int, default=1, help="feature draws of the widened columns' fit")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
     p = sub.add_parser("report")
