@@ -285,7 +285,9 @@ def _plot(args: argparse.Namespace) -> int:
     title = f"{reg.kernel if isinstance(reg.kernel, str) else type(kernel).__name__}: {metadata.get('target', 'y')}"
     # The kernel sees standardised inputs: frequencies are drawn per unit of the CSV's columns.
     try:
-        save_kernel_figure(kernel, out, title=title, names=metadata["columns"], input_scale=reg.model_.input_scale)
+        draws = reg.relevance_draws_ if len(reg.models_) > 1 else None  # the spread of --num-draws' fits
+        save_kernel_figure(kernel, out, title=title, names=metadata["columns"], input_scale=reg.model_.input_scale,
+                           draws=draws)
     except ValueError as err:  # which model and kernel the message is about ("no spectrum picture for ...")
         raise ValueError(f"{args.model} ({reg.kernel}): {err}") from None
     _emit(args, {"figure": str(out)}, f"saved {out}")

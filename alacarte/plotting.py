@@ -185,21 +185,36 @@ def plot_spectrum(kernel: FeatureKernel, ax: Axes | Sequence[Axes] | None = None
     return ax
 
 
-def plot_relevance(kernel: FeatureKernel, ax: Axes | None = None, names: list[str] | None = None) -> Axes:
+def plot_relevance(kernel: FeatureKernel, ax: Axes | None = None, names: list[str] | None = None,
+                   draws: np.ndarray | None = None) -> Axes:
     """Bar plot of :func:`relevance` (any feature kernel without batch shape); returns the axes.
 
+    Given ``draws`` — the relevances of K fits on independent feature draws, (K, d), e.g.
+    :attr:`~alacarte.AlaCarteRegressor.relevance_draws_` — the bars are their mean and each draw is
+    a dot, so an input whose relevance one draw reads differently from the others shows it.
+
     Args:
-        kernel: the kernel.
+        kernel: the kernel (of one draw).
         ax: where to draw (default: a new figure).
         names: the inputs' names, one per input (default: their indices).
+        draws: per draw, the relevance of each input (K, d); default: ``kernel``'s alone.
     """
     _check_names(kernel, names)
     plt = _pyplot()
     values = relevance(kernel)
+    if draws is not None:
+        draws = np.asarray(draws, dtype=float)
+        if draws.ndim != 2 or draws.shape[1] != values.size:
+            raise ValueError(f"draws must have shape (K, {values.size}), got {draws.shape}")
+        values = draws.mean(0)
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4, 0.35 * values.size + 1), 3))
     labels = names if names is not None else [str(j) for j in range(values.size)]
-    ax.bar(range(values.size), values)
+    ax.bar(range(values.size), values, label=None if draws is None else f"mean of {len(draws)} feature draws")
+    if draws is not None:
+        ax.scatter(np.tile(np.arange(values.size), len(draws)), draws.reshape(-1), s=9, color="black",
+                   zorder=3, label="one draw")
+        ax.legend(fontsize="small")
     ax.set_xticks(range(values.size), labels, rotation=90 if values.size > 12 else 0)
     ax.set_ylabel("relevance")
     ax.set_xlabel("input")
@@ -207,7 +222,8 @@ def plot_relevance(kernel: FeatureKernel, ax: Axes | None = None, names: list[st
 
 
 def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | None = None,
-                       names: list[str] | None = None, input_scale: Tensor | np.ndarray | None = None) -> Path:
+                       names: list[str] | None = None, input_scale: Tensor | np.ndarray | None = None,
+                       draws: np.ndarray | None = None) -> Path:
     """One PNG with the spectrum (top) and the relevances (bottom, inputs labelled ``names``) of ``kernel``.
 
     Args:
@@ -215,6 +231,7 @@ def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | Non
         path: the file to write (PNG, whatever its suffix).
         title: the figure's title (default: the kernel's class name).
         names, input_scale: as for :func:`plot_spectrum`.
+        draws: as for :func:`plot_relevance`.
 
     Returns:
         ``path``, as a :class:`~pathlib.Path`.
@@ -230,7 +247,7 @@ def save_kernel_figure(kernel: FeatureKernel, path: str | Path, title: str | Non
         spectrum_axes = [fig.add_subplot(grid[0, j]) for j in range(panels)]
         plot_spectrum(kernel, ax=spectrum_axes if panels > 1 else spectrum_axes[0], names=names,
                       input_scale=input_scale)
-        plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]), names=names)
+        plot_relevance(kernel, ax=fig.add_subplot(grid[1, :]), names=names, draws=draws)
         fig.suptitle(title or type(kernel).__name__)
     except BaseException:
         plt.close(fig)

@@ -117,6 +117,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         relevance_: relevance of each input, non-negative and summing to one
             (in standardised input units; see :func:`~alacarte.regressor.kernel_relevance`),
             averaged over the draws.
+        relevance_draws_: each draw's relevances, (num_draws, n_features_in_): how far one
+            feature draw's reading of an input can be trusted (docs/variable_selection.md).
 
     **Predictive spread.** ``predict(X, return_std=True)`` returns the standard
     deviation of a new *observation* :math:`y_* = f_* + \varepsilon` by default —
@@ -304,8 +306,13 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
     @property
     def relevance_(self) -> np.ndarray:
         """Relevance of each input dimension (non-negative, sums to one), averaged over the draws."""
+        return self.relevance_draws_.mean(0)
+
+    @property
+    def relevance_draws_(self) -> np.ndarray:
+        """Each draw's relevances, (num_draws, n_features_in_), each row non-negative and summing to one."""
         check_is_fitted(self)
-        return np.mean([kernel_relevance(model) for model in self.models_], axis=0)
+        return np.stack([kernel_relevance(model) for model in self.models_])
 
 
 def _mixture_variance(means: torch.Tensor, variances: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

@@ -251,7 +251,7 @@ def test_predict_refuses_a_row_whose_prediction_overflows(fitted, tmp_path, caps
     assert captured.out == "" and "x rows [1] (first 5 shown) give NaN predictions" in captured.err
 
 
-def test_num_draws_fits_and_saves_every_draw(tmp_path, capsys):
+def test_num_draws_fits_and_saves_every_draw(tmp_path, capsys, monkeypatch):
     rng = np.random.default_rng(1)
     x = rng.uniform(-2, 2, size=(40, 2))
     y = np.sin(2 * x[:, 0]) + 0.1 * rng.normal(size=40)
@@ -260,6 +260,16 @@ def test_num_draws_fits_and_saves_every_draw(tmp_path, capsys):
     reg = load_model(tmp_path / "d.alacarte")
     assert reg.num_draws == 2 and len(reg.models_) == 2
     assert main(["predict", str(tmp_path / "d.alacarte"), data, "-q"]) == 0
+    pytest.importorskip("matplotlib")
+    drawn = {}
+
+    def save(kernel, path, **options):  # what the picture is given: both draws' relevances
+        drawn.update(options)
+        return path
+
+    monkeypatch.setattr("alacarte.plotting.save_kernel_figure", save)
+    assert main(["plot", str(tmp_path / "d.alacarte"), "-q"]) == 0
+    assert np.array_equal(drawn["draws"], reg.relevance_draws_) and drawn["draws"].shape == (2, 2)
 
 
 @pytest.mark.parametrize("flag, value, message", [

@@ -173,7 +173,10 @@ def test_several_draws_predict_their_equal_mixture(name):
     sd = np.sqrt(np.diag(cov_f))
     assert np.all(np.abs(draws.mean(1) - mean_f) < 5 * sd / np.sqrt(6000))
     assert np.allclose(np.cov(draws), cov_f, atol=0.1 * sd.max() ** 2)
-    assert np.allclose(reg.relevance_, np.mean([kernel_relevance(m) for m in reg.models_], axis=0))
+    by_draw = reg.relevance_draws_
+    assert by_draw.shape == (3, 3) and np.allclose(by_draw.sum(1), 1)
+    assert all(np.array_equal(by_draw[k], kernel_relevance(m)) for k, m in enumerate(reg.models_))
+    assert np.allclose(reg.relevance_, by_draw.mean(0))
     with pytest.raises(ValueError, match="num_draws"):
         AlaCarteRegressor(name, num_draws=0, **SMALL).fit(x, y)
 

@@ -244,6 +244,14 @@ def test_relevance_of_plain_kernels_and_the_bar_plot(tmp_path):
     bars = plot_relevance(simplex).patches
     assert [b.get_height() for b in bars] == pytest.approx([0.25, 0.0, 0.75])
     assert save_kernel_figure(simplex, tmp_path / "k.png").read_bytes()[:4] == b"\x89PNG"
+    # Several feature draws: bars at their mean, one dot per draw and input.
+    draws = np.array([[0.25, 0.0, 0.75], [0.5, 0.1, 0.4]])
+    ax = plot_relevance(simplex, draws=draws)
+    assert [b.get_height() for b in ax.patches] == pytest.approx([0.375, 0.05, 0.575])
+    assert sorted(map(tuple, ax.collections[0].get_offsets().tolist())) == sorted(
+        (j, v) for row in draws.tolist() for j, v in enumerate(row))
+    with pytest.raises(ValueError, match=r"draws must have shape \(K, 3\)"):
+        plot_relevance(simplex, draws=draws[:, :2])
 
 
 @pytest.fixture
