@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 import time
 import warnings
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import package_version  # noqa: E402
-from alacarte.selection import select_inputs  # noqa: E402
+from alacarte.selection import SelectionFrequency, select_inputs  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from selection_benchmark import gp_settings  # noqa: E402
 
@@ -146,7 +146,7 @@ def draws_table(all_rows: list[dict], first: dict) -> list[str]:
         d = int(rs[0]["d"])
         kept = [{int(j) for j in r["selected"].split()} for r in rs]
         frequency = np.array([sum(j in k for k in kept) for j in range(2 * d)]) / len(rs)
-        stable = set(np.flatnonzero(frequency >= 0.8 - 1e-12).tolist())
+        stable = set(SelectionFrequency(torch.as_tensor(frequency), [], []).stable().tolist())
         zeroed = [1 - sum(j >= d for j in k) / d for k in kept]
         ever = sorted(j for j in range(d, 2 * d) if frequency[j] > 0)
         ratio = np.mean([float(r["rmse"]) for r in rs]) / float(first[(dataset, "original")]["rmse"])
