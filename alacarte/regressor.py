@@ -117,7 +117,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         relevance_: relevance of each input, non-negative and summing to one
             (in standardised input units; see :func:`~alacarte.regressor.kernel_relevance`),
             averaged over the draws.
-        relevance_draws_: each draw's relevances, (num_draws, n_features_in_): how far one
+        relevance_draws_: each draw's relevances, ``(num_draws, n_features_in_)``: how far one
             feature draw's reading of an input can be trusted (docs/variable_selection.md).
 
     **Predictive spread.** ``predict(X, return_std=True)`` returns the standard
@@ -310,7 +310,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
 
     @property
     def relevance_draws_(self) -> np.ndarray:
-        """Each draw's relevances, (num_draws, n_features_in_), each row non-negative and summing to one."""
+        """Each draw's relevances, ``(num_draws, n_features_in_)``, each row non-negative and summing to one."""
         check_is_fitted(self)
         return np.stack([kernel_relevance(model) for model in self.models_])
 
