@@ -1,4 +1,5 @@
 """The experiment scripts' own machinery: resumable result files, and settings that would run nothing."""
+import argparse
 import importlib.util
 import json
 import os
@@ -93,6 +94,22 @@ def test_the_selection_report_leaves_out_a_row_a_running_benchmark_is_still_writ
     append_row(path, selection_benchmark.COLUMNS, {**row, "replication": 1, "rmse": "1.2"})
     path.write_bytes(path.read_bytes()[:-10])  # cut inside train_seconds (100.00 read as 10)
     assert [r["rmse"] for r in selection_report.load_rows()] == ["1.5"]
+
+
+def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_both_have(tmp_path):
+    import calibration
+
+    path = tmp_path / "cells.csv"
+    scores = dict(rmse=1.0, coverage50=0.5, coverage95=0.95, std_over_rmse=1.0)
+    for split, nlpd in enumerate([0.0, 3.0, 3.0]):  # exact ARD: 0 on split 0, 2 over splits 0-2
+        append_row(path, calibration.FIELDS, dict(dataset="ds", split=split, method="exact-ard",
+                                                  validation_fraction=0.0, num_features=1024, nlpd=nlpd, **scores))
+    append_row(path, calibration.FIELDS, dict(dataset="ds", split=0, method="gm", validation_fraction=0.2, num_features=1024,
+                                              nlpd=0.05, **scores))
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None)
+    text = calibration.report(args)
+    assert "| gm | 1/1 (+0.05) |" in text  # against split 0's 0.0, not the three splits' mean
+    assert "| ds [3] | 2.00 | 0.05 [1] |" in text
 
 
 def test_compare_runs_refuses_a_results_file_that_does_not_exist(tmp_path, capsys):
