@@ -26,7 +26,7 @@ from alacarte import AlaCarteRegressor
 from alacarte.factory import KERNEL_NAMES
 
 FIELDS = ["kernel", "n", "seed", "coverage95", "nlpd", "true_nlpd", "excess", "rmse", "true_rmse", "seconds",
-          "threads"]
+          "threads", "num_draws"]
 FEATURE_KERNELS = [name for name in KERNEL_NAMES if not name.startswith("exact")]
 
 
@@ -39,12 +39,12 @@ def _truth_module():
     return module
 
 
-def measure(truth, kernel: str, n: int, seed: int) -> dict:
+def measure(truth, kernel: str, n: int, seed: int, num_draws: int = 1) -> dict:
     lengthscales = truth.ISOTROPIC.get(kernel, truth.LENGTHSCALES)
     x, y, x_test, y_test = truth.draw(n, seed, lengthscales)
     true_mean, true_var = truth.true_posterior(x, y, x_test, lengthscales)
     start = time.perf_counter()
-    reg = AlaCarteRegressor(kernel).fit(x, y)
+    reg = AlaCarteRegressor(kernel, num_draws=num_draws).fit(x, y)
     seconds = time.perf_counter() - start
     mean, std = reg.predict(x_test, return_std=True)
     ours, best = truth.nlpd(mean, std**2, y_test), truth.nlpd(true_mean, true_var, y_test)
@@ -52,21 +52,25 @@ def measure(truth, kernel: str, n: int, seed: int) -> dict:
             "nlpd": f"{ours:.4f}", "true_nlpd": f"{best:.4f}", "excess": f"{ours - best:.4f}",
             "rmse": f"{np.sqrt(np.mean((mean - y_test) ** 2)):.4f}",
             "true_rmse": f"{np.sqrt(np.mean((true_mean - y_test) ** 2)):.4f}",
-            "seconds": f"{seconds:.1f}", "threads": torch.get_num_threads()}
+            "seconds": f"{seconds:.1f}", "threads": torch.get_num_threads(), "num_draws": num_draws}
 
 
-def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int]) -> None:
+def _draws(row: dict) -> int:
+    return int(row.get("num_draws") or 1)  # rows written before the column were single draws
+
+
+def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int], num_draws: int = 1) -> None:
     done = set()
     if csv_path.exists():
         with csv_path.open() as f:
-            done = {(r["kernel"], int(r["n"]), int(r["seed"])) for r in csv.DictReader(f)}
+            done = {(r["kernel"], int(r["n"]), int(r["seed"]), _draws(r)) for r in csv.DictReader(f)}
     truth = _truth_module()
     for n in sizes:
         for seed in seeds:
             for kernel in kernels:
-                if (kernel, n, seed) in done:
+                if (kernel, n, seed, num_draws) in done:
                     continue
-                row = measure(truth, kernel, n, seed)
+                row = measure(truth, kernel, n, seed, num_draws)
                 new = not csv_path.exists()
                 with csv_path.open("a", newline="") as f:
                     writer = csv.DictWriter(f, FIELDS)
@@ -79,16 +83,17 @@ def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int]) 
 def report(csv_path: Path) -> str:
     with csv_path.open() as f:
         rows = list(csv.DictReader(f))
-    lines = ["| kernel | n | seeds | 95% coverage (each seed) | NLPD − true posterior's (each seed) | "
-             "RMSE / true RMSE | fit s |", "|---|---:|---:|---|---|---:|---:|"]
-    keys = sorted({(r["kernel"], int(r["n"])) for r in rows}, key=lambda k: (k[1], FEATURE_KERNELS.index(k[0])))
-    for kernel, n in keys:
-        cell = [r for r in rows if r["kernel"] == kernel and int(r["n"]) == n]
+    lines = ["| kernel | n | draws | seeds | 95% coverage (each seed) | NLPD − true posterior's (each seed) | "
+             "RMSE / true RMSE | fit s |", "|---|---:|---:|---:|---|---|---:|---:|"]
+    keys = sorted({(r["kernel"], int(r["n"]), _draws(r)) for r in rows},
+                  key=lambda k: (k[2], k[1], FEATURE_KERNELS.index(k[0])))
+    for kernel, n, draws in keys:
+        cell = [r for r in rows if r["kernel"] == kernel and int(r["n"]) == n and _draws(r) == draws]
         cov = ", ".join(f"{float(r['coverage95']):.3f}" for r in cell)
         exc = ", ".join(f"{float(r['excess']):+.3f}" for r in cell)
         ratio = np.mean([float(r["rmse"]) / float(r["true_rmse"]) for r in cell])
         seconds = np.median([float(r["seconds"]) for r in cell])
-        lines.append(f"| {kernel} | {n} | {len(cell)} | {cov} | {exc} | {ratio:.3f} | {seconds:.0f} |")
+        lines.append(f"| {kernel} | {n} | {draws} | {len(cell)} | {cov} | {exc} | {ratio:.3f} | {seconds:.0f} |")
     met = sum(0.93 <= float(r["coverage95"]) <= 0.97 and abs(float(r["excess"])) <= 0.05 for r in rows)
     lines.append("")
     lines.append(f"Fits meeting both goals (coverage in [0.93, 0.97] and |NLPD excess| ≤ 0.05): {met} of {len(rows)}.")
@@ -103,12 +108,13 @@ def main() -> None:
     go.add_argument("--kernels", nargs="+", default=FEATURE_KERNELS, choices=FEATURE_KERNELS)
     go.add_argument("--sizes", nargs="+", type=int, default=[500, 5000])
     go.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    go.add_argument("--num-draws", type=int, default=1, help="AlaCarteRegressor's num_draws (default 1)")
     show = sub.add_parser("report")
     show.add_argument("csv", type=Path)
     args = parser.parse_args()
     if args.command == "run":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        run(args.csv, args.kernels, args.sizes, args.seeds)
+        run(args.csv, args.kernels, args.sizes, args.seeds, args.num_draws)
     else:
         print(report(args.csv))
 
