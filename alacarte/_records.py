@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .factory import FEATURE_KERNEL_CLASSES
+from .factory import AUTO_DRAWS, FEATURE_KERNEL_CLASSES
 from .kernels import FeatureKernel
 
 __all__ = ["KERNEL_CLASSES", "MODEL_CLASSES", "kernel_class", "kernel_name"]
@@ -330,7 +330,8 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
                       lambda v, f: isinstance(v, dict) and v.get("num_dims") == width
                       or fail(f, f"expected a model record with num_dims {width}"))
     draws = params.get("num_draws", 1)
-    if not (type(draws) is int and len(more) == draws - 1):
+    counts = (1, AUTO_DRAWS) if draws == "auto" else (draws,) if type(draws) is int else ()  # "auto": as resolved
+    if len(more) + 1 not in counts:
         fail("record.fitted.more_models", f"{len(more)} models, but the estimator's num_draws is {draws!r:.20}")
     if "feature_names_in_" in fitted:
         names = check_list(fitted["feature_names_in_"], "record.fitted.feature_names_in_",

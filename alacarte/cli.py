@@ -148,6 +148,11 @@ def _check_cells(path: Path, names: list[str], wanted: list[str], rows) -> None:
                 raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 
+def draws(text: str) -> int | str:
+    """``--num-draws``' value: ``auto`` or an integer (checked before the data are read)."""
+    return text if text == "auto" else int(text)
+
+
 def fraction(text: str) -> float | str:
     """``--validation-fraction``'s value: ``auto`` or a number (checked by the fit)."""
     return text if text == "auto" else float(text)
@@ -187,8 +192,10 @@ def _fit(args: argparse.Namespace) -> int:
     from .regressor import AlaCarteRegressor
 
     # Named as the flags, and before the data are read (the estimator would name its parameters: num_samples).
-    for flag in ("num_samples", "num_components", "num_draws", "max_iter"):
+    for flag in ("num_samples", "num_components", "max_iter"):
         check_positive_int(getattr(args, flag), "--" + flag.replace("_", "-"))
+    if args.num_draws != "auto":
+        check_positive_int(args.num_draws, "--num-draws")
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")
@@ -324,10 +331,11 @@ def _add_fit(commands, common) -> None:
                      help=f"frequencies M (D = 2M features; default {default['num_samples']})")
     cmd.add_argument("--num-components", type=int, default=default["num_components"],
                      help=f"mixture components of gm/pwl (default {default['num_components']})")
-    cmd.add_argument("--num-draws", type=int, default=default["num_draws"],
+    cmd.add_argument("--num-draws", type=draws, default=default["num_draws"],
                      help="independent fits, each with its own feature draw, whose predictive distributions are "
-                          f"averaged: narrower where one draw's features fall short, at that many times the cost "
-                          f"(default {default['num_draws']})")
+                          f"averaged: truer bands where one draw's features fall short, at that many times the cost "
+                          f"(default {default['num_draws']}: 5 for a feature kernel with at most twice as many rows "
+                          "as features, else 1)")
     cmd.add_argument("--max-iter", type=int, default=default["max_iter"],
                      help=f"L-BFGS iterations of the final optimisation (default {default['max_iter']}; as many "
                           "again for a refit when the noise ends at the lower bound)")

@@ -24,8 +24,8 @@ from .kernels import (
 from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
-__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "exact_gp_cost", "make_model", "default_dtype",
-           "floating_state"]
+__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "exact_gp_cost", "make_model",
+           "resolve_draws", "default_dtype", "floating_state"]
 
 #: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
 #: (the command line says so before it starts one).
@@ -54,6 +54,29 @@ _FEATURE_KERNELS: dict[str, tuple[type[FeatureKernel], Callable[[int, int], dict
 KERNEL_NAMES = (*_FEATURE_KERNELS, "exact-ard", "exact-rbf")
 #: The feature kernel classes the names build, each once.
 FEATURE_KERNEL_CLASSES = tuple(dict.fromkeys(cls for cls, _ in _FEATURE_KERNELS.values()))
+
+
+#: The fits ``num_draws="auto"`` averages for a feature GP with at most twice as many training rows as features.
+AUTO_DRAWS = 5
+
+
+def resolve_draws(num_draws, model, n: int) -> int:
+    """The fits the estimator averages: ``num_draws`` itself, or for ``"auto"`` :data:`AUTO_DRAWS` for a
+    feature GP fitted to at most 2·D rows and 1 otherwise.
+
+    With n ≲ D rows the D weights are pinned between the rows and one draw's finite map leaves an error
+    there that no single fit's variance shows; averaging draws shrinks it (docs/calibration.md). With
+    n ≫ D one draw's posterior is close to the kernel's, and an exact GP has no feature draw.
+
+    Raises:
+        ValueError: for anything but a positive int or ``"auto"``.
+    """
+    if isinstance(num_draws, str) and num_draws == "auto":
+        features = getattr(model.covar_module, "num_features", None)
+        return AUTO_DRAWS if features is not None and n <= 2 * features else 1
+    if isinstance(num_draws, str):
+        raise ValueError(f"num_draws must be a positive integer or 'auto', got {num_draws!r}")
+    return check_positive_int(num_draws, "num_draws")
 
 
 def floating_state(module: torch.nn.Module) -> Tensor:

@@ -20,7 +20,7 @@ from ._validation import (
     unfitted_on_failure,
     varying_columns,
 )
-from .factory import KERNEL_NAMES, make_model
+from .factory import KERNEL_NAMES, make_model, resolve_draws
 from .kernels import FeatureKernel
 from .models import FeatureGP
 from .training import FitHistory, fit
@@ -90,7 +90,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             (seeds ``random_state + 1000·k``), whose predictive distributions are averaged: the
             mean of their means, the variance of their equal mixture (docs/calibration.md).  A
             finite feature map's error between the training rows is one draw's; averaging draws
-            shrinks it at ``num_draws`` times the fitting cost.
+            shrinks it at ``num_draws`` times the fitting cost.  ``"auto"``: 5 for a feature GP
+            with at most twice as many training rows as features, else 1 (:func:`alacarte.factory.resolve_draws`).
         max_iter: iterations of the final optimisation.
         restarts: data-driven random initialisations tried first (0: none).
         restart_iter: iterations per restart.
@@ -105,7 +106,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
 
     Attributes:
         model_: the fitted :class:`~alacarte.FeatureGP` / :class:`~alacarte.ExactRBFGP` (the first draw's).
-        models_: every draw's fitted model, ``model_`` first.
+        models_: every draw's fitted model, ``model_`` first (as many as ``num_draws`` resolves to).
         history_: the :class:`~alacarte.training.FitHistory` of the first draw's fit (as are
             ``n_iter_`` and ``log_marginal_likelihood_``).
         n_iter_: iterations of the final optimisation (after the restarts), plus
@@ -117,7 +118,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         relevance_: relevance of each input, non-negative and summing to one
             (in standardised input units; see :func:`~alacarte.regressor.kernel_relevance`),
             averaged over the draws.
-        relevance_draws_: each draw's relevances, ``(num_draws, n_features_in_)``: how far one
+        relevance_draws_: each draw's relevances, ``(len(models_), n_features_in_)``: how far one
             feature draw's reading of an input can be trusted (docs/variable_selection.md).
 
     **Predictive spread.** ``predict(X, return_std=True)`` returns the standard
@@ -152,7 +153,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         *,
         num_samples: int = _MODEL["num_samples"],
         num_components: int = _MODEL["num_components"],
-        num_draws: int = 1,
+        num_draws: int | str = "auto",
         max_iter: int = _FIT["max_iter"],
         restarts: int = _FIT["restarts"],
         restart_iter: int = _FIT["restart_iter"],
@@ -205,13 +206,14 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         y = float64_targets(y)
-        check_positive_int(self.num_draws, "num_draws")
         seed = _as_seed(self.random_state)
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
-        models, histories = [], []
-        for draw in range(self.num_draws):
+        models, histories = [self._build_model(X.shape[1], seed)], []
+        draws = resolve_draws(self.num_draws, models[0], X.shape[0])
+        for draw in range(draws):
             draw_seed = (seed + 1000 * draw) % 2**64
-            models.append(self._build_model(X.shape[1], draw_seed))
+            if draw:
+                models.append(self._build_model(X.shape[1], draw_seed))
             histories.append(fit(
                 models[-1], x_t, y_t, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
                 restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
@@ -310,7 +312,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
 
     @property
     def relevance_draws_(self) -> np.ndarray:
-        """Each draw's relevances, ``(num_draws, n_features_in_)``, each row non-negative and summing to one."""
+        """Each draw's relevances, ``(len(models_), n_features_in_)``, each row non-negative and summing to one."""
         check_is_fitted(self)
         return np.stack([kernel_relevance(model) for model in self.models_])
 

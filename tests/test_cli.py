@@ -270,6 +270,9 @@ def test_num_draws_fits_and_saves_every_draw(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("alacarte.plotting.save_kernel_figure", save)
     assert main(["plot", str(tmp_path / "d.alacarte"), "-q"]) == 0
     assert np.array_equal(drawn["draws"], reg.relevance_draws_) and drawn["draws"].shape == (2, 2)
+    assert main(["fit", data, "--target", "y", "--kernel", "fsard", *SMALL]) == 0  # 40 rows, D = 32: auto is 5
+    reg = load_model(tmp_path / "d.alacarte")
+    assert reg.num_draws == "auto" and len(reg.models_) == 5
 
 
 @pytest.mark.parametrize("flag, value, message", [

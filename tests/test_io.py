@@ -125,6 +125,22 @@ def test_every_draw_of_a_regressor_is_saved_and_a_file_missing_one_is_refused(tm
         load_model(tmp_path / "bad.alacarte")
 
 
+def test_auto_draws_reload_every_draw_and_a_count_auto_cannot_give_is_refused(tmp_path):
+    x, y = data()  # 60 rows, D = 32 features: num_draws="auto" fits five
+    reg = AlaCarteRegressor("fsard", **SMALL).fit(x, y)
+    good = save_model(reg, tmp_path / "r.alacarte").read_bytes()
+    loaded = load_model(tmp_path / "r.alacarte")
+    assert loaded.num_draws == "auto" and len(loaded.models_) == len(reg.models_) == 5
+    a, b = reg.predict(x, return_std=True), loaded.predict(x, return_std=True)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    payload = torch.load(io.BytesIO(_parts(good)[1]), weights_only=True)
+    fitted = payload["record"]["fitted"]
+    three = {**payload, "record": {**payload["record"], "fitted": {**fitted, "more_models": fitted["more_models"][:2]}}}
+    (tmp_path / "bad.alacarte").write_bytes(_rewritten(good, body=_torch_bytes(three)))
+    with pytest.raises(ValueError, match="2 models, but the estimator's num_draws is 'auto'"):
+        load_model(tmp_path / "bad.alacarte")
+
+
 def test_an_unwritable_directory_is_a_value_error(tmp_path, monkeypatch):
     """A directory the user may not write to (simulated: the tests may run as root) is a ValueError
     naming it, not a bare PermissionError naming the temporary file."""

@@ -18,7 +18,8 @@ from alacarte.regressor import kernel_relevance
 from alacarte.factory import KERNEL_NAMES, make_model
 
 # Small enough to fit in a fraction of a second, large enough to fit well.
-SMALL = dict(num_samples=16, num_components=2, max_iter=10, restarts=1, restart_iter=3)
+# One draw: these tests read a single fit (num_draws="auto" would average five on data this small).
+SMALL = dict(num_samples=16, num_components=2, max_iter=10, restarts=1, restart_iter=3, num_draws=1)
 
 
 def data(n=80, d=3, seed=0):
@@ -149,6 +150,28 @@ def test_sample_y_draws_the_latent_posterior(name):
     assert np.allclose(np.cov(draws), cov, atol=0.1 * sd.max() ** 2)
 
 
+@pytest.mark.parametrize("name", ["fsard", "exact-ard"])
+def test_auto_draws_average_five_fits_on_at_most_twice_as_many_rows_as_features(name):
+    """num_draws="auto" (the default): 5 fits for a feature GP on n ≤ 2D rows, one on more rows and for
+    an exact GP; the five are the fits num_draws=5 makes."""
+    settings = {k: v for k, v in SMALL.items() if k != "num_draws"}  # D = 32 features
+    x, y = data(n=65)
+    assert len(AlaCarteRegressor(name, **settings).fit(x, y).models_) == 1
+    x, y = data(n=64)
+    auto = AlaCarteRegressor(name, **settings).fit(x, y)
+    assert len(auto.models_) == (5 if name == "fsard" else 1)
+    if name == "fsard":
+        five = AlaCarteRegressor(name, **{**settings, "num_draws": 5}).fit(x, y)
+        assert np.array_equal(auto.predict(x[:5], return_std=True), five.predict(x[:5], return_std=True))
+
+
+@pytest.mark.parametrize("value", ["five", "Auto", 0, 2.5, True])
+def test_num_draws_other_than_a_positive_int_or_auto_is_a_clear_error(value):
+    x, y = data(n=20)
+    with pytest.raises(ValueError, match="num_draws must be a positive integer"):
+        AlaCarteRegressor("fsard", **{**SMALL, "num_draws": value}).fit(x, y)
+
+
 @pytest.mark.parametrize("name", ["fsard", "exact-rbf"])
 def test_several_draws_predict_their_equal_mixture(name):
     """num_draws = 3: the first draw is the one-draw fit; the mean and variance are the equal
@@ -157,7 +180,7 @@ def test_several_draws_predict_their_equal_mixture(name):
     x, y = data(n=60)
     x_test = torch.as_tensor(data(n=5, seed=5)[0])
     one = AlaCarteRegressor(name, **SMALL).fit(x, y)
-    reg = AlaCarteRegressor(name, num_draws=3, **SMALL).fit(x, y)
+    reg = AlaCarteRegressor(name, **{**SMALL, "num_draws": 3}).fit(x, y)
     assert len(reg.models_) == 3 and reg.model_ is reg.models_[0]
     preds = [model.predict(x_test) for model in reg.models_]
     means = np.stack([p.mean.detach().numpy() for p in preds])
@@ -178,7 +201,7 @@ def test_several_draws_predict_their_equal_mixture(name):
     assert all(np.array_equal(by_draw[k], kernel_relevance(m)) for k, m in enumerate(reg.models_))
     assert np.allclose(reg.relevance_, by_draw.mean(0))
     with pytest.raises(ValueError, match="num_draws"):
-        AlaCarteRegressor(name, num_draws=0, **SMALL).fit(x, y)
+        AlaCarteRegressor(name, **{**SMALL, "num_draws": 0}).fit(x, y)
 
 
 def test_relevance_is_the_kernels_or_inverse_lengthscales():
@@ -232,7 +255,7 @@ def test_reversed_and_read_only_arrays_are_inputs_like_any_other(tmp_path):
     a read-only memmap makes torch warn that the array is not writable: both are copied first."""
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((60, 3)), rng.standard_normal(60)
-    settings = dict(num_samples=16, max_iter=3, restarts=0, random_state=0, progress=False)
+    settings = dict(num_samples=16, max_iter=3, restarts=0, random_state=0, progress=False, num_draws=1)
     reference = AlaCarteRegressor(**settings).fit(x[:, ::-1].copy(), y[::-1].copy())
     model = AlaCarteRegressor(**settings).fit(x[:, ::-1], y[::-1])
     np.testing.assert_array_equal(model.predict(x[::-1]), reference.predict(x[::-1].copy()))
