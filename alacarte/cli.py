@@ -148,7 +148,7 @@ def _check_cells(path: Path, names: list[str], wanted: list[str], rows) -> None:
                 raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 
-def draws(text: str) -> int | str:
+def draw_count(text: str) -> int | str:
     """``--num-draws``' value: ``auto`` or an integer (checked before the data are read)."""
     return text if text == "auto" else int(text)
 
@@ -331,7 +331,7 @@ def _add_fit(commands, common) -> None:
                      help=f"frequencies M (D = 2M features; default {default['num_samples']})")
     cmd.add_argument("--num-components", type=int, default=default["num_components"],
                      help=f"mixture components of gm/pwl (default {default['num_components']})")
-    cmd.add_argument("--num-draws", type=draws, default=default["num_draws"],
+    cmd.add_argument("--num-draws", type=draw_count, default=default["num_draws"],
                      help="independent fits, each with its own feature draw, whose predictive distributions are "
                           f"averaged: truer bands where one draw's features fall short, at that many times the cost "
                           f"(default {default['num_draws']}: 5 for a feature kernel with at most twice as many rows "
