@@ -431,6 +431,10 @@ def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, single_t
     assert float(result.costs[0]) > result.threshold and float(result.costs[1]) > result.threshold
     after = float(model.predict(xt, mean_only=True).mean.sub(yt).pow(2).mean())
     assert after <= before * 1.1 and after < 0.05
+    # Every input at 0 is held there, so no later fit hands it a chance weight.
+    assert kernel.simplex_mask.ravel().tolist() == [True, True] + [False] * 4
+    ac.fit(model, x, y, max_iter=20, restarts=0, progress=False, seed=seed)
+    assert bool((kernel.simplex_weights.detach().ravel()[2:] == 0).all())
 
 
 def test_selection_frequency_counts_each_draws_selection(single_thread):

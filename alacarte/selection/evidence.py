@@ -93,8 +93,9 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
 
     Call after :func:`alacarte.fit` on the same ``x``, ``y``.  Each round drops every input whose
     weight is worth less than ``log(d/level)`` nats of total marginal likelihood (never the
-    last one), holds them at exactly 0 and refits the rest with :func:`alacarte.fit`
-    (``restarts=0``, ``refit_iter`` iterations), until no input is dropped.
+    last one) — inputs already at weight 0 among them —, holds them at exactly 0 and refits the
+    rest with :func:`alacarte.fit` (``restarts=0``, ``refit_iter`` iterations), until no input
+    in use is dropped.
 
     Args:
         model: a fitted :class:`~alacarte.FeatureGP` with one simplex kernel.
@@ -124,6 +125,9 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     while True:
         costs = input_costs(model, kernel)
         active = kernel.simplex_weights.detach().reshape(-1).cpu() > 0
+        idle = kernel.simplex_mask.reshape(-1).cpu() & ~active
+        if bool(idle.any()):  # worth 0 nats: held at 0, so that no refit hands them a chance weight
+            kernel.drop_inputs_(torch.nonzero(idle).reshape(-1))
         weak = active & (costs < threshold)
         if bool(weak.any()) and bool(weak.eq(active).all()):  # never the last input
             weak[int(torch.argmax(torch.where(active, costs, torch.full_like(costs, -math.inf))))] = False
