@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         "between the two runs), `--problems se1 --n 50000 --methods gp-simplex-fsard --out "
         "experiments/results/selection_gp_50k.csv` at commit 9a07b2c (the same method at D = 128, 40 iterations, one "
         "restart: the script's settings above n = 10,000; one thread beside one or two other jobs), "
+        "`--problems se3 --n 10000 --methods gp-simplex-fsard --out experiments/results/selection_gp_se3_10k.csv` at "
+        "9a07b2c (stopped after one replication; select_inputs then let refits revive inputs at weight 0), "
         "`--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
         "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "
