@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ._files import refuse_unwritable
 from ._validation import check_nonnegative_int, check_positive_int, check_seed
-from .factory import EXACT_GP_ROWS, KERNEL_NAMES, exact_gp_cost
+from .factory import EXACT_GP_ROWS, KERNEL_NAMES, check_draws, exact_gp_cost
 from .holdout import check_fraction
 from .kernels import FeatureKernel
 from .training import fit
@@ -194,8 +194,7 @@ def _fit(args: argparse.Namespace) -> int:
     # Named as the flags, and before the data are read (the estimator would name its parameters: num_samples).
     for flag in ("num_samples", "num_components", "max_iter"):
         check_positive_int(getattr(args, flag), "--" + flag.replace("_", "-"))
-    if args.num_draws != "auto":
-        check_positive_int(args.num_draws, "--num-draws")
+    check_draws(args.num_draws, "--num-draws")
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")

@@ -25,7 +25,7 @@ from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
 __all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "exact_gp_cost", "make_model",
-           "resolve_draws", "default_dtype", "floating_state"]
+           "resolve_draws", "check_draws", "default_dtype", "floating_state"]
 
 #: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
 #: (the command line says so before it starts one).
@@ -71,12 +71,19 @@ def resolve_draws(num_draws, model, n: int) -> int:
     Raises:
         ValueError: for anything but a positive int or ``"auto"``.
     """
-    if isinstance(num_draws, str) and num_draws == "auto":
+    if check_draws(num_draws) == "auto":
         features = getattr(model.covar_module, "num_features", None)
         return AUTO_DRAWS if features is not None and n <= 2 * features else 1
+    return num_draws
+
+
+def check_draws(num_draws, name: str = "num_draws") -> int | str:
+    """``num_draws`` as a positive int or ``"auto"``, else a ``ValueError`` naming ``name``."""
     if isinstance(num_draws, str):
-        raise ValueError(f"num_draws must be a positive integer or 'auto', got {num_draws!r}")
-    return check_positive_int(num_draws, "num_draws")
+        if num_draws == "auto":
+            return num_draws
+        raise ValueError(f"{name} must be a positive integer or 'auto', got {num_draws!r}")
+    return check_positive_int(num_draws, name)
 
 
 def floating_state(module: torch.nn.Module) -> Tensor:
