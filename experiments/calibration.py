@@ -7,17 +7,22 @@
 
 ``run`` fits each (dataset, split, method) with ``alacarte.fit``'s defaults (restarts, max_iter)
 and 20% of the training rows held out (``--validation-fraction``; 0 is the À la carte paper's
-protocol: the marginal likelihood of all rows alone) and appends one fsync'ed row per fit, so a
-killed run resumes.  GM and PWL get ``--num-components`` components: by default make_model's (the
+protocol: the marginal likelihood of all rows alone) and appends one fsync'ed row per cell, so a
+killed run resumes.  ``--num-draws`` (default ``auto``, the estimator's) fits that many draws, each
+with its own seed split + 1000·k as ``AlaCarteRegressor`` does, and scores their equal mixture's
+moment-matched Gaussian, which is what the estimator predicts.  GM and PWL get ``--num-components`` components: by default make_model's (the
 estimator's and the command line's), ``auto`` the benchmark runner's rule (2 below 600 training rows).
 ``report`` averages over splits and compares each kernel with exact ARD on the splits both have; where
-several CSVs hold the same cell, the last one given wins.  ``--paper-protocol`` adds the NLPD and RMSE that the UCI
+several CSVs hold the same cell, the last one given wins.  It reports the rows fitted with
+``--num-draws`` draws (default ``auto``: those the estimator's default would fit; rows without the
+column are one draw's); ``--feature-draws`` adds ``feature_draws.py``'s JSON lines, the same fits.  ``--paper-protocol`` adds the NLPD and RMSE that the UCI
 runner recorded for the same cells under the paper's protocol (its rows with D = 2·num_samples).
 """
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import math
 import sys
 import time
@@ -32,39 +37,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import mixture_components, model_name, package_version, parse_splits  # noqa: E402
-from alacarte.factory import make_model  # noqa: E402
+from alacarte.factory import AUTO_DRAWS, check_draws, make_model, resolve_draws  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 SHIPPED_COMPONENTS = inspect.signature(make_model).parameters["num_components"].default
 FIELDS = ["dataset", "split", "method", "validation_fraction", "num_features", "n_train", "rmse", "nlpd",
-          "coverage50", "coverage95", "std_over_rmse", "noise", "held_out_rows", "iterations", "seconds", "version"]
+          "coverage50", "coverage95", "std_over_rmse", "noise", "held_out_rows", "iterations", "seconds", "version",
+          "num_draws"]
 
 
-def run_cell(dataset: str, split: int, method: str, args) -> dict:
-    data = ac.load_uci(dataset, split, args.data)
+def _model(method: str, data, seed: int, args):
     n, d = data.x_train.shape
-    kind = model_name(method, n)
     components = args.num_components if args.num_components == "auto" else int(args.num_components)
-    model = make_model(kind, d, num_samples=args.num_samples, num_components=mixture_components(components, n),
-                       seed=split)
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        history = ac.fit(model, data.x_train, data.y_train, seed=split, progress=False,
-                         validation_fraction=args.validation_fraction)
+    return make_model(model_name(method, n), d, num_samples=args.num_samples,
+                      num_components=mixture_components(components, n), seed=seed)
+
+
+def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> dict:
+    n = data.x_train.shape[0]
+    means, variances, histories, noises, start = [], [], [], [], time.perf_counter()
+    for k in range(draws):
+        seed = split + 1000 * k  # AlaCarteRegressor(random_state=split)'s draws
+        model = _model(method, data, seed, args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            histories.append(ac.fit(model, data.x_train, data.y_train, seed=seed, progress=False,
+                                    validation_fraction=args.validation_fraction))
+        pred = model.predict(data.x_test)
+        means.append(pred.mean)
+        variances.append(pred.observed_variance)
+        noises.append(float(model.likelihood.noise.detach().min()))
     seconds = time.perf_counter() - start
-    pred = model.predict(data.x_test)
-    scores = predictive_scores(pred.mean, pred.observed_variance, torch.as_tensor(data.y_test))
+    means, variances = torch.stack(means), torch.stack(variances)
+    mean = means.mean(0)  # the equal mixture's moments
+    variance = (variances + means.square()).mean(0) - mean.square()
+    scores = predictive_scores(mean, variance, torch.as_tensor(data.y_test))
     return {"dataset": dataset, "split": split, "method": method,
             "validation_fraction": args.validation_fraction,
-            "num_features": 0 if kind.startswith("exact") else 2 * args.num_samples, "n_train": n, **scores,
-            "noise": float(model.likelihood.noise.detach().min()), "held_out_rows": history.held_out_rows,
-            "iterations": history.iterations, "seconds": round(seconds, 2), "version": package_version()}
+            "num_features": 0 if method.startswith("exact") else 2 * args.num_samples, "n_train": n, **scores,
+            "noise": noises[0], "held_out_rows": histories[0].held_out_rows,
+            "iterations": histories[0].iterations, "seconds": round(seconds, 2), "version": package_version(),
+            "num_draws": draws}
+
+
+def _draws(row: dict) -> int:
+    return int(row.get("num_draws") or 1)  # rows written before the column were one draw's
 
 
 def _key(row: dict) -> tuple:
-    return row["dataset"], int(row["split"]), row["method"], str(row["validation_fraction"]), int(row["num_features"])
+    return (row["dataset"], int(row["split"]), row["method"], str(row["validation_fraction"]),
+            int(row["num_features"]), _draws(row))
 
 
 def run(args) -> None:
@@ -74,14 +97,38 @@ def run(args) -> None:
     fraction = str(args.validation_fraction)
     for dataset in args.datasets:
         for split in parse_splits(args.splits):
+            data = ac.load_uci(dataset, split, args.data)
             for method in args.methods:
                 features = 0 if method.startswith("exact") else 2 * args.num_samples
-                if (dataset, split, method, fraction, features) in done:
+                draws = 1 if method.startswith("exact") else resolve_draws(
+                    args.num_draws, _model(method, data, split, args), data.x_train.shape[0])
+                if (dataset, split, method, fraction, features, draws) in done:
                     continue
-                row = run_cell(dataset, split, method, args)
+                row = run_cell(data, dataset, split, method, draws, args)
                 append_row(args.csv, FIELDS, row)
-                print(f"{dataset} {split} {method}: rmse {row['rmse']:.4g} nlpd {row['nlpd']:.3f} "
+                print(f"{dataset} {split} {method} ×{draws}: rmse {row['rmse']:.4g} nlpd {row['nlpd']:.3f} "
                       f"cov95 {row['coverage95']:.2f} ({row['seconds']:.0f} s)", flush=True)
+
+
+def _wanted_draws(row: dict, setting) -> int:
+    """The draws a row must have to count under ``--num-draws setting`` (``auto``: the estimator's rule)."""
+    if setting != "auto":
+        return setting
+    features = int(row["num_features"])
+    return AUTO_DRAWS if features and int(row["n_train"]) <= 2 * features else 1
+
+
+def _feature_draw_rows(path: str, n_train: dict) -> list[dict]:
+    """``feature_draws.py``'s JSON lines as rows of this script: its mixture is the one ``run`` scores
+    (the same seeds, ``fit``'s defaults, 20% held out, D = 1024)."""
+    rows = []
+    with open(path) as fh:
+        for line in fh:
+            r = json.loads(line)
+            rows.append({"dataset": r["dataset"], "split": r["split"], "method": r["method"],
+                         "validation_fraction": RECOMMENDED_FRACTION, "num_features": 1024,
+                         "n_train": n_train[r["dataset"]], "num_draws": r["K"], **r["moment_matched"]})
+    return rows
 
 
 def _mean(values) -> float:
@@ -94,7 +141,11 @@ def _over(cell: dict, metric: str, splits=None) -> list[float]:
 
 
 def report(args) -> str:
-    rows = list({_key(r): r for path in args.csv for r in read_rows(path)}.values())  # later files win
+    rows = [r for path in args.csv for r in read_rows(path)]
+    n_train = {r["dataset"]: r["n_train"] for r in rows}
+    rows += [r for path in args.feature_draws or [] for r in _feature_draw_rows(path, n_train)]
+    rows = [r for r in rows if _draws(r) == _wanted_draws(r, args.num_draws)]
+    rows = list({_key(r): r for r in rows}.values())  # later files win
     cells = defaultdict(dict)  # (dataset, method) -> split -> metric -> value
     for r in rows:
         # The reference, exact ARD, by the marginal likelihood of all its rows.
@@ -170,6 +221,10 @@ def summary(cells, paper, datasets, methods) -> list[str]:
     return out + [""]
 
 
+def _draws_setting(text: str) -> int | str:
+    return check_draws(text if text == "auto" else int(text), "--num-draws")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -182,6 +237,8 @@ def main(argv=None) -> None:
     r.add_argument("--num-components", default=str(SHIPPED_COMPONENTS),
                    help=f"GM/PWL components: a number or auto (default {SHIPPED_COMPONENTS}, make_model's)")
     r.add_argument("--validation-fraction", type=float, default=RECOMMENDED_FRACTION)
+    r.add_argument("--num-draws", type=_draws_setting, default="auto",
+                   help="fits averaged per cell: a positive integer or auto (default, the estimator's rule)")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
     p = sub.add_parser("report")
@@ -189,6 +246,9 @@ def main(argv=None) -> None:
     p.add_argument("--protocol", default=str(RECOMMENDED_FRACTION))
     p.add_argument("--num-samples", type=int, default=512)
     p.add_argument("--paper-protocol", nargs="*")
+    p.add_argument("--num-draws", type=_draws_setting, default="auto",
+                   help="report the rows with this many draws (default auto: the estimator's rule per cell)")
+    p.add_argument("--feature-draws", nargs="*", help="feature_draws.py JSON lines to add")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)

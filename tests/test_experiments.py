@@ -106,10 +106,34 @@ def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_
                                                   validation_fraction=0.0, num_features=1024, nlpd=nlpd, **scores))
     append_row(path, calibration.FIELDS, dict(dataset="ds", split=0, method="gm", validation_fraction=0.2, num_features=1024,
                                               nlpd=0.05, **scores))
-    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None)
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
+                              feature_draws=None)
     text = calibration.report(args)
     assert "| gm | 1/1 (+0.05) |" in text  # against split 0's 0.0, not the three splits' mean
     assert "| ds [3] | 2.00 | 0.05 [1] |" in text
+
+
+def test_the_calibration_mixture_of_draws_is_what_the_estimator_predicts(tmp_path):
+    import calibration
+    import numpy as np
+    import torch
+    from alacarte import AlaCarteRegressor
+    from alacarte.bench.scores import predictive_scores
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, (80, 2))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(80)
+    data = argparse.Namespace(x_train=x[:60], y_train=y[:60], x_test=x[60:], y_test=y[60:])
+    args = argparse.Namespace(num_samples=16, num_components="4", validation_fraction=0.2, num_draws="auto")
+    row = calibration.run_cell(data, "toy", 1, "gm", 2, args)
+    reg = AlaCarteRegressor("gm", num_samples=16, num_draws=2, random_state=1, max_iter=100).fit(x[:60], y[:60])
+    mean, std = reg.predict(x[60:], return_std=True)
+    expected = predictive_scores(torch.as_tensor(mean), torch.as_tensor(std**2), torch.as_tensor(y[60:]))
+    assert row["num_draws"] == 2
+    assert row["nlpd"] == pytest.approx(expected["nlpd"], rel=1e-9)
+    assert row["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)
+    single = calibration.run_cell(data, "toy", 1, "gm", 1, args)
+    assert single["nlpd"] != pytest.approx(row["nlpd"], rel=1e-3)  # the second draw changes the prediction
 
 
 def test_compare_runs_refuses_a_results_file_that_does_not_exist(tmp_path, capsys):
