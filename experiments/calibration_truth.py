@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from alacarte import AlaCarteRegressor
-from alacarte.factory import KERNEL_NAMES
+from alacarte.factory import KERNEL_NAMES, check_draws, make_model, resolve_draws
 
 FIELDS = ["kernel", "n", "seed", "coverage95", "nlpd", "true_nlpd", "excess", "rmse", "true_rmse", "seconds",
           "threads", "num_draws"]
@@ -39,7 +39,7 @@ def _truth_module():
     return module
 
 
-def measure(truth, kernel: str, n: int, seed: int, num_draws: int = 1) -> dict:
+def measure(truth, kernel: str, n: int, seed: int, num_draws: int | str = "auto") -> dict:
     lengthscales = truth.ISOTROPIC.get(kernel, truth.LENGTHSCALES)
     x, y, x_test, y_test = truth.draw(n, seed, lengthscales)
     true_mean, true_var = truth.true_posterior(x, y, x_test, lengthscales)
@@ -52,14 +52,21 @@ def measure(truth, kernel: str, n: int, seed: int, num_draws: int = 1) -> dict:
             "nlpd": f"{ours:.4f}", "true_nlpd": f"{best:.4f}", "excess": f"{ours - best:.4f}",
             "rmse": f"{np.sqrt(np.mean((mean - y_test) ** 2)):.4f}",
             "true_rmse": f"{np.sqrt(np.mean((true_mean - y_test) ** 2)):.4f}",
-            "seconds": f"{seconds:.1f}", "threads": torch.get_num_threads(), "num_draws": num_draws}
+            "seconds": f"{seconds:.1f}", "threads": torch.get_num_threads(), "num_draws": len(reg.models_)}
 
 
 def _draws(row: dict) -> int:
     return int(row.get("num_draws") or 1)  # rows written before the column were single draws
 
 
-def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int], num_draws: int = 1) -> None:
+def resolved_draws(truth, kernel: str, n: int, num_draws: int | str) -> int:
+    """The draws ``AlaCarteRegressor(kernel, num_draws=num_draws)`` fits to n rows of the truth."""
+    model = make_model(kernel, len(truth.LENGTHSCALES), num_samples=AlaCarteRegressor(kernel).num_samples)
+    return resolve_draws(num_draws, model, n)
+
+
+def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int],
+        num_draws: int | str = "auto") -> None:
     done = set()
     if csv_path.exists():
         with csv_path.open() as f:
@@ -68,7 +75,7 @@ def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int], 
     for n in sizes:
         for seed in seeds:
             for kernel in kernels:
-                if (kernel, n, seed, num_draws) in done:
+                if (kernel, n, seed, resolved_draws(truth, kernel, n, num_draws)) in done:
                     continue
                 row = measure(truth, kernel, n, seed, num_draws)
                 new = not csv_path.exists()
@@ -100,6 +107,10 @@ def report(csv_path: Path) -> str:
     return "\n".join(lines)
 
 
+def _draws_setting(text: str) -> int | str:
+    return check_draws(text if text == "auto" else int(text), "--num-draws")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,7 +119,8 @@ def main() -> None:
     go.add_argument("--kernels", nargs="+", default=FEATURE_KERNELS, choices=FEATURE_KERNELS)
     go.add_argument("--sizes", nargs="+", type=int, default=[500, 5000])
     go.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    go.add_argument("--num-draws", type=int, default=1, help="AlaCarteRegressor's num_draws (default 1)")
+    go.add_argument("--num-draws", type=_draws_setting, default="auto",
+                    help="AlaCarteRegressor's num_draws: a positive integer or auto (default, the estimator's)")
     show = sub.add_parser("report")
     show.add_argument("csv", type=Path)
     args = parser.parse_args()

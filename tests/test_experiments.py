@@ -1,5 +1,6 @@
 """The experiment scripts' own machinery: resumable result files, and settings that would run nothing."""
 import argparse
+import csv
 import importlib.util
 import json
 import os
@@ -297,3 +298,22 @@ def test_the_checkpoint_benchmark_reports_the_load_it_measured_instead_of_a_fixe
     text = out.read_text()
     assert "20%" not in text and "shared 2-core" not in text
     assert f"1-minute load average: 0.3 at the start of the run, 3.5 at its end ({os.cpu_count()} cores)." in text
+
+
+def test_calibration_truth_resumes_at_the_draws_the_estimators_default_resolves_to(tmp_path, monkeypatch):
+    import calibration_truth
+
+    path = tmp_path / "truth.csv"
+    rows = [dict(kernel="fsard", n=500, seed=1, num_draws=5), dict(kernel="fsard", n=5000, seed=1, num_draws=1)]
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, calibration_truth.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+    def refit(*args):
+        raise AssertionError(f"refitted a cell the file holds: {args[1:]}")
+
+    monkeypatch.setattr(calibration_truth, "measure", refit)
+    calibration_truth.run(path, ["fsard"], [500, 5000], [1])  # "auto": 5 draws at n = 500, 1 at 5 000
+    with pytest.raises(AssertionError, match="refitted"):
+        calibration_truth.run(path, ["fsard"], [500], [1], num_draws=1)
