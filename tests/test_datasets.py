@@ -73,6 +73,27 @@ def test_a_bad_rosasco_noise_fraction_is_a_value_error():
     np.testing.assert_array_equal(y, (x[:, 0] ** 4 - x[:, 0] ** 2) * (3 + x[:, 1]))
 
 
+def test_rosasco_problems_on_the_unit_cube():
+    from alacarte.datasets import make_rosasco, rosasco_split
+    from alacarte.datasets.synthetic import rosasco_mean_abs
+
+    x, y, _ = make_rosasco("f1", 2000, seed=1, half_width=1.0, noise_fraction=0)
+    assert np.abs(x).max() <= 1 and np.abs(x).max() > 0.99
+    np.testing.assert_array_equal(y, (x[:, 0] ** 4 - x[:, 0] ** 2) * (3 + x[:, 1]))
+    # E|f1| = E(a² − a⁴)·E(3 + b) = (1/3 − 1/5)·3 on [−1, 1]²; f2 = 3 + odd terms is positive there
+    assert rosasco_mean_abs("f1", 1.0) == pytest.approx(0.4, rel=1e-9)
+    assert rosasco_mean_abs("f2", 1.0) == pytest.approx(3.0, rel=1e-9)
+    x3, y3, _ = make_rosasco("f3", 200_000, seed=2, half_width=1.0, noise_fraction=0)
+    assert rosasco_mean_abs("f3", 1.0) == pytest.approx(np.abs(y3).mean(), rel=0.01)
+    noisy = rosasco_split("f3", seed=3, half_width=1.0)["train"]
+    clean = rosasco_split("f3", seed=3, half_width=1.0, noise_fraction=0)["train"]
+    np.testing.assert_array_equal(noisy[0], clean[0])
+    assert np.var(noisy[1] - clean[1]) == pytest.approx(0.01 * rosasco_mean_abs("f3", 1.0), rel=0.5)
+    for bad in (0, -1.0, float("nan"), float("inf"), "1"):
+        with pytest.raises(ValueError, match="half_width"):
+            make_rosasco("f1", 3, half_width=bad)
+
+
 def test_rosasco_mean_abs_constants_are_right_to_round_off():
     from scipy import integrate
 

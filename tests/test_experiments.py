@@ -67,6 +67,8 @@ def test_a_rosasco_replication_killed_after_its_first_rows_gets_the_others_on_re
     (["--part", "se", "--problems", "f1"], "--part se runs the problems se1 se2 se3; got --problems f1"),
     (["--part", "se", "--problems", "se3", "--sizes", "5000"], "runs se3 at the training sizes 1000 50000"),
     (["--part", "rosasco", "--replications", "0"], "--replications must be at least 1"),
+    (["--part", "se", "--half-width", "1"], "--half-width is the domain of --part rosasco"),
+    (["--part", "rosasco", "--half-width", "0"], "--half-width must be positive"),
 ])
 def test_selection_rffnet_refuses_settings_that_would_run_nothing(args, message):
     result = subprocess.run([sys.executable, str(ROOT / "experiments/selection_rffnet.py"), *args],
