@@ -112,7 +112,9 @@ def _set(module, name: str, value) -> Tensor:
         margin = 0.01 * (upper - lower.clamp(min=0))
         value = torch.minimum(torch.maximum(value, lower + margin), upper - margin)
     else:
-        value = torch.maximum(value, 2 * lower)
+        # a mixture weight whose softplus underflowed to exactly 0 would otherwise be refused on rescaling
+        floor = torch.where(lower == 0, torch.finfo(value.dtype).tiny, 2 * lower)
+        value = torch.maximum(value, floor)
     setattr(module, name, value)
     return value
 

@@ -225,3 +225,23 @@ def test_unstandardised_targets_whose_variance_is_not_a_float_are_refused_by_nam
     x, y = toy_data(n=50)
     with pytest.raises(ValueError, match=r"the targets' variance is (inf|0) .*standardize=True"):
         fit(feature_model(), x, unit * y, standardize=False, restarts=1, restart_iter=1, max_iter=1, progress=False)
+
+
+def test_rescaling_a_mixture_whose_weight_underflowed_to_zero_keeps_the_others():
+    """The held-out calibration multiplies σ_f² (a mixture's weights) by a factor; a weight whose
+    softplus underflowed to exactly 0 must not make that fail."""
+    from alacarte import PiecewiseLinearRadialKernel
+    from alacarte.factory import make_model
+    from alacarte.init import scale_signal
+
+    model = make_model(PiecewiseLinearRadialKernel(3, 16, num_components=4, ard_num_dims=3, seed=0), 3)
+    kernel = model.covar_module
+    with torch.no_grad():
+        kernel.raw_weights[..., 1] = -1000.0  # softplus(-1000) == 0.0 in float64
+    before = kernel.weights.detach().clone()
+    assert before.reshape(-1)[1] == 0
+    scale_signal(model, 2.5)
+    after = kernel.weights.detach()
+    keep = torch.tensor([0, 2, 3])
+    torch.testing.assert_close(after.reshape(-1)[keep], 2.5 * before.reshape(-1)[keep])
+    assert 0 < after.reshape(-1)[1] < 1e-30
