@@ -75,10 +75,11 @@ def _flat_grads(model):
     return grads
 
 
-# σ² = 0.1: 2.7e-7 and 1.8e-6 measured; σ² = 1e-3: 3.4e-5 and 1.4e-4, where float32 statistics are
+# σ² = 0.1: 2.7e-7 and 1.8e-6 measured on one CPU, 1.03e-6 for the loss on another (MKL's float32
+# kernels round differently per CPU); σ² = 1e-3: 3.4e-5 and 1.4e-4, where float32 statistics are
 # 2.3e-4 and 6.1e-4 off and features widened before any product 4.0e-7 and 7.7e-7 (float32 sums of
 # ΦᵀΦ, amplified by σ⁻²).
-@pytest.mark.parametrize("noise, loss_tolerance, gradient_tolerance", [(1e-1, 1e-6, 1e-5), (1e-3, 1e-4, 5e-4)])
+@pytest.mark.parametrize("noise, loss_tolerance, gradient_tolerance", [(1e-1, 2e-6, 1e-5), (1e-3, 1e-4, 5e-4)])
 def test_float32_features_with_float64_statistics_match_the_float64_dense_loss_and_gradient(
         noise, loss_tolerance, gradient_tolerance):
     x, y, model64, model32 = _case(noise)
