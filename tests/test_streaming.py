@@ -281,7 +281,9 @@ def test_float64_statistics_keep_a_float32_model_accurate():
 
     wide, plain = error(wide_loss, wide_grads), error(plain_loss, plain_grads)
     assert wide[0] < 1e-6 and wide[1] < 1e-5, wide
-    assert plain[0] > 10 * wide[0] and plain[1] > 10 * wide[1], (plain, wide)
+    # The plain float32 loss's error depends on the platform's rounding: 9.6× the wide one's with the
+    # oldest supported torch on one CPU; its gradient's stays well above 10×.
+    assert plain[0] > 3 * wide[0] and plain[1] > 10 * wide[1], (plain, wide)
 
     # fit takes the same option; the in-memory tensors are then streamed.
     history = alacarte.fit(model32, x.float()[:500], y.float()[:500], statistics_dtype=torch.float64,
