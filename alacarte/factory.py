@@ -25,7 +25,7 @@ from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
 __all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "exact_gp_cost", "make_model",
-           "resolve_draws", "check_draws", "default_dtype", "floating_state"]
+           "resolve_draws", "draws_for_features", "check_draws", "default_dtype", "floating_state"]
 
 #: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
 #: (the command line says so before it starts one).
@@ -71,9 +71,18 @@ def resolve_draws(num_draws, model, n: int) -> int:
     Raises:
         ValueError: for anything but a positive int or ``"auto"``.
     """
+    return draws_for_features(num_draws, getattr(model.covar_module, "num_features", None), n)
+
+
+def draws_for_features(num_draws, num_features: int | None, n: int) -> int:
+    """:func:`resolve_draws` for a model of ``num_features`` features (``None`` or 0: an exact GP),
+    without building one.
+
+    Raises:
+        ValueError: for anything but a positive int or ``"auto"``.
+    """
     if check_draws(num_draws) == "auto":
-        features = getattr(model.covar_module, "num_features", None)
-        return AUTO_DRAWS if features is not None and n <= 2 * features else 1
+        return AUTO_DRAWS if num_features and n <= 2 * num_features else 1
     return num_draws
 
 

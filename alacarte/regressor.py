@@ -25,7 +25,7 @@ from .kernels import FeatureKernel
 from .models import FeatureGP
 from .training import FitHistory, fit
 
-__all__ = ["AlaCarteRegressor", "kernel_relevance"]
+__all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments"]
 
 
 def _defaults(function) -> dict:
@@ -264,10 +264,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             means.append(pred.mean)
             if return_std:
                 variances.append((pred.observed_variance if include_noise else pred.variance).clamp_min(0))
-        mean = torch.stack(means).mean(0)
+        means = torch.stack(means)
         if not return_std:
-            return mean.numpy()
-        return mean.numpy(), _mixture_variance(torch.stack(means), torch.stack(variances), mean).sqrt().numpy()
+            return means.mean(0).numpy()
+        mean, variance = mixture_moments(means, torch.stack(variances))
+        return mean.numpy(), variance.sqrt().numpy()
 
     def _mean_and_covariance(self, x: torch.Tensor, include_noise: bool) -> tuple[np.ndarray, np.ndarray]:
         """The predictive mean and covariance at x, of the draws' equal mixture."""
@@ -317,9 +318,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         return np.stack([kernel_relevance(model) for model in self.models_])
 
 
-def _mixture_variance(means: torch.Tensor, variances: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """The variance of an equal mixture of Gaussians N(means[k], variances[k]) whose mean is ``mean``."""
-    return variances.mean(0) + (means - mean).square().mean(0)
+def mixture_moments(means: torch.Tensor, variances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and variance of the equal mixture of the Gaussians N(means[k], variances[k]), k along
+    the first dimension: the moment-matched Gaussian that :meth:`~alacarte.AlaCarteRegressor.predict` returns."""
+    mean = means.mean(0)
+    return mean, variances.mean(0) + (means - mean).square().mean(0)
 
 
 @torch.no_grad()

@@ -17,14 +17,17 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from alacarte import fit
-from alacarte.demo import demo_data
-from alacarte.factory import make_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from alacarte import fit  # noqa: E402
+from alacarte.demo import demo_data  # noqa: E402
+from alacarte.factory import make_model  # noqa: E402
+from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 
 SETTINGS = {"held out (auto)": "auto", "paper protocol (0)": 0.0}
 
@@ -43,8 +46,7 @@ def run(args) -> None:
     for name, fraction in SETTINGS.items():
         row = {"label": args.label, "setting": name, "threads": torch.get_num_threads(),
                "load_average": os.getloadavg()[0], **one_fit(data, fraction)}
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_row(args.out, row)
         print(row, flush=True)
 
 

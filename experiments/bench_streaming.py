@@ -56,6 +56,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 NUM_SAMPLES = 1024  # the default of the main comparison
 MEMORY_BUDGET = 512 * 2**20
@@ -425,18 +426,8 @@ def main() -> None:
     if args.render_only and not os.path.isfile(args.raw):  # else a table of nothing would replace --out
         parser.error(f"--render-only: no such raw file {args.raw}")
 
-    # here, not at the top: the workers' peak memory is measured
-    from alacarte.bench.store import drop_incomplete_last_line
-
     command = "python " + shlex.join(arg for arg in sys.argv if arg != "--render-only")
-    done = {}
-    if os.path.exists(args.raw):
-        with open(args.raw) as fh:
-            for line in fh:
-                if not line.endswith("\n"):  # a row a killed run cut short: not done (the next append cuts it)
-                    break
-                r = json.loads(line)
-                done[_key(r["config"], r["n"], r["M"])] = r
+    done = {_key(r["config"], r["n"], r["M"]): r for r in read_rows(args.raw)}
     todo = [(c, n, m) for c, n, m, reason in plan(args) if reason is None and _key(c, n, m) not in done]
     todo.sort(key=lambda item: item[0] == "gpytorch")  # the slowest last
     if args.render_only:
@@ -455,9 +446,7 @@ def main() -> None:
             return
         with lock:
             done[_key(config, n, m)] = result
-            with open(args.raw, "a+") as fh:
-                drop_incomplete_last_line(fh)  # so that this row does not run on from a cut one
-                fh.write(json.dumps(result) + "\n")
+            append_row(args.raw, result)
             with open(args.out, "w") as fh:
                 fh.write(render(args, done, command))
         print(json.dumps(result), flush=True)

@@ -37,9 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import mixture_components, model_name, package_version, parse_splits  # noqa: E402
-from alacarte.factory import AUTO_DRAWS, check_draws, make_model, resolve_draws  # noqa: E402
+from alacarte.factory import draws_for_features, make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
+from alacarte.regressor import mixture_moments  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
+from _draws import draws_setting, row_draws  # noqa: E402
 
 SHIPPED_COMPONENTS = inspect.signature(make_model).parameters["num_components"].default
 FIELDS = ["dataset", "split", "method", "validation_fraction", "num_features", "n_train", "rmse", "nlpd",
@@ -69,9 +71,7 @@ def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> d
         variances.append(pred.observed_variance)
         noises.append(float(model.likelihood.noise.detach().min()))
     seconds = time.perf_counter() - start
-    means, variances = torch.stack(means), torch.stack(variances)
-    mean = means.mean(0)  # the equal mixture's moments
-    variance = (variances + means.square()).mean(0) - mean.square()
+    mean, variance = mixture_moments(torch.stack(means), torch.stack(variances))
     scores = predictive_scores(mean, variance, torch.as_tensor(data.y_test))
     return {"dataset": dataset, "split": split, "method": method,
             "validation_fraction": args.validation_fraction,
@@ -81,13 +81,9 @@ def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> d
             "num_draws": draws}
 
 
-def _draws(row: dict) -> int:
-    return int(row.get("num_draws") or 1)  # rows written before the column were one draw's
-
-
 def _key(row: dict) -> tuple:
     return (row["dataset"], int(row["split"]), row["method"], str(row["validation_fraction"]),
-            int(row["num_features"]), _draws(row))
+            int(row["num_features"]), row_draws(row))
 
 
 def run(args) -> None:
@@ -100,8 +96,8 @@ def run(args) -> None:
             data = ac.load_uci(dataset, split, args.data)
             for method in args.methods:
                 features = 0 if method.startswith("exact") else 2 * args.num_samples
-                draws = 1 if method.startswith("exact") else resolve_draws(
-                    args.num_draws, _model(method, data, split, args), data.x_train.shape[0])
+                draws = 1 if method.startswith("exact") else draws_for_features(
+                    args.num_draws, features, data.x_train.shape[0])
                 if (dataset, split, method, fraction, features, draws) in done:
                     continue
                 row = run_cell(data, dataset, split, method, draws, args)
@@ -112,10 +108,9 @@ def run(args) -> None:
 
 def _wanted_draws(row: dict, setting) -> int:
     """The draws a row must have to count under ``--num-draws setting`` (``auto``: the estimator's rule)."""
-    if setting != "auto":
+    if setting != "auto":  # a row's n_train is then not needed
         return setting
-    features = int(row["num_features"])
-    return AUTO_DRAWS if features and int(row["n_train"]) <= 2 * features else 1
+    return draws_for_features(setting, int(row["num_features"]), int(row["n_train"]))
 
 
 def _feature_draw_rows(path: str, n_train: dict) -> list[dict]:
@@ -144,7 +139,7 @@ def report(args) -> str:
     rows = [r for path in args.csv for r in read_rows(path)]
     n_train = {r["dataset"]: r["n_train"] for r in rows}
     rows += [r for path in args.feature_draws or [] for r in _feature_draw_rows(path, n_train)]
-    rows = [r for r in rows if _draws(r) == _wanted_draws(r, args.num_draws)]
+    rows = [r for r in rows if row_draws(r) == _wanted_draws(r, args.num_draws)]
     rows = list({_key(r): r for r in rows}.values())  # later files win
     cells = defaultdict(dict)  # (dataset, method) -> split -> metric -> value
     for r in rows:
@@ -221,10 +216,6 @@ def summary(cells, paper, datasets, methods) -> list[str]:
     return out + [""]
 
 
-def _draws_setting(text: str) -> int | str:
-    return check_draws(text if text == "auto" else int(text), "--num-draws")
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,7 +228,7 @@ def main(argv=None) -> None:
     r.add_argument("--num-components", default=str(SHIPPED_COMPONENTS),
                    help=f"GM/PWL components: a number or auto (default {SHIPPED_COMPONENTS}, make_model's)")
     r.add_argument("--validation-fraction", type=float, default=RECOMMENDED_FRACTION)
-    r.add_argument("--num-draws", type=_draws_setting, default="auto",
+    r.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="fits averaged per cell: a positive integer or auto (default, the estimator's rule)")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
@@ -246,7 +237,7 @@ def main(argv=None) -> None:
     p.add_argument("--protocol", default=str(RECOMMENDED_FRACTION))
     p.add_argument("--num-samples", type=int, default=512)
     p.add_argument("--paper-protocol", nargs="*")
-    p.add_argument("--num-draws", type=_draws_setting, default="auto",
+    p.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="report the rows with this many draws (default auto: the estimator's rule per cell)")
     p.add_argument("--feature-draws", nargs="*", help="feature_draws.py JSON lines to add")
     args = parser.parse_args(argv)

@@ -16,14 +16,17 @@ import argparse
 import csv
 import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from alacarte import AlaCarteRegressor
-from alacarte.factory import KERNEL_NAMES, check_draws, make_model, resolve_draws
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from alacarte import AlaCarteRegressor  # noqa: E402
+from alacarte.factory import KERNEL_NAMES, draws_for_features  # noqa: E402
+from _draws import draws_setting, row_draws  # noqa: E402  (experiments/, the script's own folder)
 
 FIELDS = ["kernel", "n", "seed", "coverage95", "nlpd", "true_nlpd", "excess", "rmse", "true_rmse", "seconds",
           "threads", "num_draws"]
@@ -55,14 +58,10 @@ def measure(truth, kernel: str, n: int, seed: int, num_draws: int | str = "auto"
             "seconds": f"{seconds:.1f}", "threads": torch.get_num_threads(), "num_draws": len(reg.models_)}
 
 
-def _draws(row: dict) -> int:
-    return int(row.get("num_draws") or 1)  # rows written before the column were single draws
-
-
-def resolved_draws(truth, kernel: str, n: int, num_draws: int | str) -> int:
-    """The draws ``AlaCarteRegressor(kernel, num_draws=num_draws)`` fits to n rows of the truth."""
-    model = make_model(kernel, len(truth.LENGTHSCALES), num_samples=AlaCarteRegressor(kernel).num_samples)
-    return resolve_draws(num_draws, model, n)
+def resolved_draws(kernel: str, n: int, num_draws: int | str) -> int:
+    """The draws ``AlaCarteRegressor(kernel, num_draws=num_draws)`` fits to n rows."""
+    features = 2 * AlaCarteRegressor(kernel).num_samples if kernel in FEATURE_KERNELS else None
+    return draws_for_features(num_draws, features, n)
 
 
 def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int],
@@ -70,12 +69,12 @@ def run(csv_path: Path, kernels: list[str], sizes: list[int], seeds: list[int],
     done = set()
     if csv_path.exists():
         with csv_path.open() as f:
-            done = {(r["kernel"], int(r["n"]), int(r["seed"]), _draws(r)) for r in csv.DictReader(f)}
+            done = {(r["kernel"], int(r["n"]), int(r["seed"]), row_draws(r)) for r in csv.DictReader(f)}
     truth = _truth_module()
     for n in sizes:
         for seed in seeds:
             for kernel in kernels:
-                if (kernel, n, seed, resolved_draws(truth, kernel, n, num_draws)) in done:
+                if (kernel, n, seed, resolved_draws(kernel, n, num_draws)) in done:
                     continue
                 row = measure(truth, kernel, n, seed, num_draws)
                 new = not csv_path.exists()
@@ -92,10 +91,10 @@ def report(csv_path: Path) -> str:
         rows = list(csv.DictReader(f))
     lines = ["| kernel | n | draws | seeds | 95% coverage (each seed) | NLPD − true posterior's (each seed) | "
              "RMSE / true RMSE | fit s |", "|---|---:|---:|---:|---|---|---:|---:|"]
-    keys = sorted({(r["kernel"], int(r["n"]), _draws(r)) for r in rows},
+    keys = sorted({(r["kernel"], int(r["n"]), row_draws(r)) for r in rows},
                   key=lambda k: (k[2], k[1], FEATURE_KERNELS.index(k[0])))
     for kernel, n, draws in keys:
-        cell = [r for r in rows if r["kernel"] == kernel and int(r["n"]) == n and _draws(r) == draws]
+        cell = [r for r in rows if r["kernel"] == kernel and int(r["n"]) == n and row_draws(r) == draws]
         cov = ", ".join(f"{float(r['coverage95']):.3f}" for r in cell)
         exc = ", ".join(f"{float(r['excess']):+.3f}" for r in cell)
         ratio = np.mean([float(r["rmse"]) / float(r["true_rmse"]) for r in cell])
@@ -107,10 +106,6 @@ def report(csv_path: Path) -> str:
     return "\n".join(lines)
 
 
-def _draws_setting(text: str) -> int | str:
-    return check_draws(text if text == "auto" else int(text), "--num-draws")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +114,7 @@ def main() -> None:
     go.add_argument("--kernels", nargs="+", default=FEATURE_KERNELS, choices=FEATURE_KERNELS)
     go.add_argument("--sizes", nargs="+", type=int, default=[500, 5000])
     go.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    go.add_argument("--num-draws", type=_draws_setting, default="auto",
+    go.add_argument("--num-draws", type=draws_setting, default="auto",
                     help="AlaCarteRegressor's num_draws: a positive integer or auto (default, the estimator's)")
     show = sub.add_parser("report")
     show.add_argument("csv", type=Path)

@@ -13,7 +13,7 @@ evaluations].
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -24,6 +24,9 @@ import alacarte as ac
 from alacarte.bench.settings import package_version
 from alacarte.factory import make_model
 from alacarte.training import _optimization as optimization
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 
 class Counter:
@@ -73,9 +76,7 @@ def main(argv=None) -> None:
     parser.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    done = set()
-    if args.out.exists():
-        done = {(r["dataset"], r["kernel"]) for r in map(json.loads, args.out.read_text().splitlines())}
+    done = {(r["dataset"], r["kernel"]) for r in read_rows(args.out)}
     for dataset in args.datasets:
         data = ac.load_uci(dataset, 0, args.data)
         for kernel in args.kernels:
@@ -93,8 +94,7 @@ def main(argv=None) -> None:
                    "by_optimisation": counted.by_optimisation,
                    "line_searches": counted.line_searches, "seconds": round(time.perf_counter() - start, 1),
                    "threads": torch.get_num_threads(), "version": package_version()}
-            with args.out.open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_row(args.out, row)
             print(row, flush=True)
 
 

@@ -11,12 +11,11 @@ cells already there.  Data from ``$ALACARTE_DATA``.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from gpytorch.priors import NormalPrior
@@ -25,6 +24,9 @@ import alacarte as ac
 from alacarte.bench.scores import predictive_scores
 from alacarte.bench.settings import mixture_components
 from alacarte.factory import make_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 
 def build(variant: str, d: int, n: int, split: int):
@@ -43,9 +45,7 @@ def build(variant: str, d: int, n: int, split: int):
 def main(out: str, variants: str, datasets: str, splits: str) -> None:
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
-    done = set()
-    if os.path.exists(out):
-        done = {(r["dataset"], r["split"], r["variant"]) for r in map(json.loads, open(out))}
+    done = {(r["dataset"], r["split"], r["variant"]) for r in read_rows(out)}
     for split in map(int, splits.split(",")):
         for dataset in datasets.split(","):
             data = ac.load_uci(dataset, split)
@@ -63,8 +63,7 @@ def main(out: str, variants: str, datasets: str, splits: str) -> None:
                 scores = predictive_scores(pred.mean, pred.observed_variance, torch.as_tensor(data.y_test))
                 row = dict(dataset=dataset, split=split, variant=variant, n=n, seconds=round(time.perf_counter() - start, 2),
                            noise=float(model.likelihood.noise.detach().min()), iters=history.iterations, **scores)
-                with open(out, "a") as fh:
-                    fh.write(json.dumps(row) + "\n")
+                append_row(out, row)
                 print(dataset, split, variant, f"rmse {scores['rmse']:.4g} nlpd {scores['nlpd']:.3f}", flush=True)
 
 

@@ -13,11 +13,11 @@ One JSON line per fit (appended; a rerun skips the cells it holds); data from ``
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -25,6 +25,9 @@ import alacarte as ac
 from alacarte.bench.scores import predictive_scores
 from alacarte.bench.settings import parse_splits
 from alacarte.factory import make_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 
 def run_cell(dataset: str, split: int) -> dict:
@@ -48,20 +51,14 @@ def run_cell(dataset: str, split: int) -> dict:
 def main(out: str, cells: list[str]) -> None:
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
-    done = set()
-    if os.path.exists(out):
-        with open(out) as fh:
-            done = {(r["dataset"], r["split"]) for r in map(json.loads, fh)}
+    done = {(r["dataset"], r["split"]) for r in read_rows(out)}
     for cell in cells:
         dataset, splits = cell.split(":")
         for split in parse_splits(splits):
             if (dataset, split) in done:
                 continue
             row = run_cell(dataset, split)
-            with open(out, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            append_row(out, row)
             print(f"{dataset} {split}: rmse {row['rmse']:.4g} nlpd {row['nlpd']:.3f} cov95 {row['coverage95']:.2f} "
                   f"({row['seconds']:.0f} s)", flush=True)
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
 from alacarte.datasets import make_se1  # noqa: E402
 from alacarte.selection.evidence import select_inputs  # noqa: E402
+from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 from selection_benchmark import gp_settings, split  # noqa: E402
 
 N = 10000
@@ -90,8 +91,7 @@ def reentry(out, reps: list[int]) -> None:
 
 
 def _write(out: Path, row: dict) -> None:
-    with out.open("a") as fh:
-        print(json.dumps(row), file=fh, flush=True)
+    append_row(out, row)
     print(row, flush=True)
 
 

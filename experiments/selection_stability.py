@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -25,13 +26,16 @@ import alacarte as ac
 from alacarte.datasets.synthetic import make_se1, make_se2, make_se3
 from alacarte.selection import selection_frequency
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
+
 PROBLEMS = {"se1": make_se1, "se2": make_se2, "se3": make_se3}
 
 
 def run(args) -> None:
     x, y, relevant = PROBLEMS[args.problem](args.n, seed=0)
     out = Path(args.out)
-    done = {json.loads(line)["seed"] for line in out.read_text().splitlines() if line.strip()} if out.exists() else set()
+    done = {r["seed"] for r in read_rows(out)}
     d = x.shape[1]
 
     def build(seed):
@@ -47,8 +51,7 @@ def run(args) -> None:
         row = {"problem": args.problem, "n": args.n, "seed": seed, "relevant": list(relevant),
                "selected": found.selections[0].tolist(), "seconds": round(time.perf_counter() - start, 1),
                "threads": torch.get_num_threads()}
-        with out.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_row(out, row)
         print(row, flush=True)
 
 

@@ -12,7 +12,6 @@ on all rows.  One JSON line per (dataset, split), appended.  One thread; data fr
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -28,7 +27,8 @@ from alacarte.holdout import HeldOut, split_rows
 from alacarte.selection import select_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from selection_real import gp_settings  # noqa: E402  (experiments/, the script's own folder)
+from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
+from selection_real import gp_settings  # noqa: E402
 
 
 def fit_and_score(data, split: int, held_out: bool) -> dict:
@@ -62,16 +62,14 @@ def fit_and_score(data, split: int, held_out: bool) -> dict:
 def main() -> None:
     out, datasets = sys.argv[1], sys.argv[2].split(",")
     torch.set_num_threads(1)
-    with open(out, "a") as fh:
-        for dataset in datasets:
-            for split in range(3):
-                data = ac.load_uci(dataset, split, os.environ.get("ALACARTE_DATA"))
-                row = {"dataset": dataset, "split": split}
-                for mode in ("all", "calibrated"):
-                    row[mode] = fit_and_score(data, split, mode == "calibrated")
-                    print(dataset, split, mode, round(row[mode]["nlpd"], 3), flush=True)
-                fh.write(json.dumps(row) + "\n")
-                fh.flush()
+    for dataset in datasets:
+        for split in range(3):
+            data = ac.load_uci(dataset, split, os.environ.get("ALACARTE_DATA"))
+            row = {"dataset": dataset, "split": split}
+            for mode in ("all", "calibrated"):
+                row[mode] = fit_and_score(data, split, mode == "calibrated")
+                print(dataset, split, mode, round(row[mode]["nlpd"], 3), flush=True)
+            append_row(out, row)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
+
 WORKER = r"""
 import json, sys, time, warnings
 import torch
@@ -53,9 +56,7 @@ def fit_in(tree: str, dataset: str, kernel: str, num_samples: int) -> dict:
 
 def run(args) -> None:
     trees = dict(t.split("=", 1) for t in args.trees)
-    done = set()
-    if args.out.exists():
-        done = {(r["round"], r["dataset"], r["kernel"], r["tree"]) for r in map(json.loads, args.out.read_text().splitlines())}
+    done = {(r["round"], r["dataset"], r["kernel"], r["tree"]) for r in read_rows(args.out)}
     for round_ in range(args.rounds):
         for dataset in args.datasets:
             for kernel in args.kernels:
@@ -68,8 +69,7 @@ def run(args) -> None:
                     row = {"round": round_, "dataset": dataset, "kernel": kernel, "tree": name,
                            "num_features": 2 * args.num_samples, **fit_in(trees[name], dataset, kernel, args.num_samples),
                            "load_average": round(load, 2)}
-                    with args.out.open("a") as fh:
-                        fh.write(json.dumps(row) + "\n")
+                    append_row(args.out, row)
                     print(row, flush=True)
 
 
