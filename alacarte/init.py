@@ -11,8 +11,8 @@ target has mean 0 and variance 1:
 * signal variance the target's variance (1 once standardised), noise variance
   0.01 of it (noise std a tenth of the target's);
 * GM: per component, scales 1/ℓ from its own random quantile and means close
-  to 0; PWL: ARD lengthscales as above, hat modes spread around the χ_p peak
-  sqrt(p), half-widths half the mode.
+  to 0; PWL: ARD lengthscales as above, hat modes at the same evenly spread
+  knots around the χ_p peak sqrt(p) in every restart, half-widths half the mode.
 
 Each call draws what it needs from ``rng``; restart 0 uses the median quantile.
 Parameters the user froze (``requires_grad=False``) keep their values.
@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .features.fastfood import padded_dim
 from .kernels import (
     FastfoodRBFKernel,
     FeatureKernel,
@@ -35,6 +34,7 @@ from .kernels import (
     SpectralMixtureFastfoodKernel,
     SSGPRKernel,
 )
+from .kernels.piecewise_linear import initial_modes
 
 __all__ = ["initialize", "pair_distances", "scale_signal", "set_noise", "signal_variance_parameter"]
 
@@ -237,6 +237,8 @@ def _initialize(model, x: Tensor, y: Tensor, rng: np.random.Generator, restart: 
         _set(kernel, "lengthscale", lengthscale)
     if isinstance(kernel, PiecewiseLinearRadialKernel):
         c = kernel.num_components
-        _set(kernel, "modes", math.sqrt(padded_dim(kernel.num_dims)) * torch.as_tensor(rng.uniform(0.5, 1.5, size=c)))
+        # the constructor's knots, not random ones: restarts drawn with random knots end where two hats
+        # carry no weight and relevant inputs are missed (pumadyn32nm; docs/calibration.md)
+        _set(kernel, "modes", initial_modes(kernel.num_dims, c))
         _set(kernel, "width_ratios", 0.5)
         _set(kernel, "weights", signal / c)

@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy import integrate, interpolate, special
 
-from alacarte import PiecewiseLinearRadialKernel
+from alacarte import PiecewiseLinearRadialKernel, fit
+from alacarte.factory import make_model
 from alacarte.features.fastfood import padded_dim
 from alacarte.kernels.piecewise_linear import hat_quantiles
 from kernel_cases import FeatureKernelTestCase
@@ -111,3 +112,55 @@ def test_features_gradcheck_in_hat_parameters():
 def test_rejects_uneven_components():
     with pytest.raises(ValueError, match="multiple of num_components"):
         PiecewiseLinearRadialKernel(3, 10, num_components=4)
+
+
+def _pwl(seed=0):
+    return PiecewiseLinearRadialKernel(3, 32, num_components=4, ard_num_dims=3, seed=seed).double()
+
+
+def test_modes_and_lengthscales_share_one_unidentified_scale():
+    """k depends on (a, ℓ) only through r/ℓ: scaling both by c leaves the features unchanged."""
+    x = torch.randn(6, 3, dtype=torch.float64)
+    kernel, scaled = _pwl(), _pwl()
+    scaled.modes = 3.0 * kernel.modes.detach()
+    scaled.lengthscale = 3.0 * kernel.lengthscale.detach()
+    torch.testing.assert_close(scaled.features(x), kernel.features(x), rtol=1e-10, atol=1e-12)
+
+
+def test_modes_geometric_mean_is_pinned():
+    kernel = _pwl()
+    kernel.modes = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    set_modes = kernel.modes.detach()
+    assert torch.equal(set_modes, kernel.raw_modes_constraint.transform(kernel.raw_modes).detach())
+    x = torch.randn(6, 3, dtype=torch.float64)
+    before = kernel.features(x).detach()
+    # a common factor on the free modes (the direction the data cannot see) changes nothing
+    kernel.raw_modes.data = kernel.raw_modes_constraint.inverse_transform(5.0 * set_modes)
+    torch.testing.assert_close(kernel.modes.detach(), set_modes, rtol=1e-13, atol=0)
+    torch.testing.assert_close(kernel.features(x).detach(), before, rtol=1e-12, atol=1e-13)
+    # any other move of the free modes keeps their geometric mean and changes their shape
+    kernel.raw_modes.data += torch.tensor([0.5, -0.2, 1.0, 0.3], dtype=torch.float64)
+    assert torch.allclose(kernel.modes.detach().log().mean().exp(), set_modes.log().mean().exp(), rtol=1e-14)
+    assert not torch.allclose(kernel.modes.detach() / set_modes, torch.ones(4, dtype=torch.float64), rtol=1e-3)
+
+
+def test_fit_keeps_the_modes_scale_and_learns_lengthscales():
+    torch.manual_seed(0)
+    x = torch.rand(120, 3, dtype=torch.float64)
+    y = torch.sin(6 * x[:, 0]) + 0.1 * torch.randn(120, dtype=torch.float64)
+    model = make_model("pwl", 3, num_samples=64, num_components=4, seed=0)
+    fit(model, x, y, seed=0, max_iter=30, restarts=1, validation_fraction=0.0, progress=False)
+    kernel = model.covar_module
+    assert torch.allclose(kernel.modes.detach().log().mean().exp(), kernel.mode_scale.squeeze(), rtol=1e-12)
+    assert kernel.lengthscale.detach().reshape(-1).argmin() == 0  # the one relevant input
+
+
+def test_state_saved_without_the_pin_reloads_its_modes():
+    kernel = _pwl()
+    kernel.raw_modes.data += torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    state = kernel.state_dict()
+    del state["mode_scale"]
+    unpinned = kernel.raw_modes_constraint.transform(kernel.raw_modes).detach()
+    reloaded = _pwl(seed=1)
+    reloaded.load_state_dict(state)
+    assert torch.equal(reloaded.modes.detach(), unpinned)

@@ -62,6 +62,10 @@ def shaped_like(name: str, value: Tensor, target: Tensor) -> Tensor:
                          "does not broadcast to it") from None
 
 
+def _set_named(name: str, module, value) -> None:
+    setattr(module, name, value)  # through the class attribute, which may keep more state than raw_<name>
+
+
 def _set_constrained(name: str, module, value) -> None:
     raw = getattr(module, f"raw_{name}")
     constraint = getattr(module, f"raw_{name}_constraint")
@@ -90,5 +94,5 @@ def register_constrained_parameter(
         # partials of module-level functions rather than lambdas: kernels must stay picklable, and
         # GPyTorch inspects the closures' signatures (which operator.attrgetter does not have).
         module.register_prior(
-            f"{name}_prior", prior, functools.partial(_get_constrained, name), functools.partial(_set_constrained, name)
+            f"{name}_prior", prior, functools.partial(_get_constrained, name), functools.partial(_set_named, name)
         )

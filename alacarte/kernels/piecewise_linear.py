@@ -12,7 +12,7 @@ from ..features.fastfood import fastfood_matrix, fastfood_project, padded_dim
 from ._params import ConstrainedParameter, register_constrained_parameter
 from .fastfood import FastfoodMixtureKernel
 
-__all__ = ["PiecewiseLinearRadialKernel", "standard_hat_quantiles", "hat_quantiles"]
+__all__ = ["PiecewiseLinearRadialKernel", "standard_hat_quantiles", "hat_quantiles", "initial_modes"]
 
 
 def standard_hat_quantiles(num: int, dtype: torch.dtype = torch.float64, device: torch.device | None = None) -> Tensor:
@@ -34,6 +34,38 @@ def hat_quantiles(mode: Tensor, half_width: Tensor, num: int) -> Tensor:
     return mode.unsqueeze(-1) + half_width.unsqueeze(-1) * z
 
 
+def initial_modes(num_dims: int, num_components: int) -> Tensor:
+    """Knots √p·(0.5 … 1.5), evenly spaced, p the padded dimension: an RBF kernel's χ_p radii
+    concentrate near √p."""
+    spread = torch.linspace(0.5, 1.5, num_components) if num_components > 1 else torch.ones(1)
+    return math.sqrt(padded_dim(num_dims)) * spread
+
+
+def _geometric_mean(values: Tensor) -> Tensor:
+    return values.log().mean(-1, keepdim=True).exp()
+
+
+class _ScalePinnedModes(ConstrainedParameter):
+    """The hats' modes with their geometric mean held at the kernel's ``mode_scale`` buffer.
+
+    The kernel depends on the modes and the lengthscales only through r/ℓ, so their common scale is
+    not identified; left free, a fit can drift along it into small modes and lengthscales, where the
+    softplus flattens every gradient.  Pinning the modes' geometric mean removes that direction and
+    keeps the kernel family: ℓ carries the scale.  Setting the modes sets the pin to their mean.
+    """
+
+    def __get__(self, module, owner=None):
+        if module is None:
+            return self
+        free = super().__get__(module, owner)
+        return free * (module.mode_scale / _geometric_mean(free))
+
+    def __set__(self, module, value) -> None:
+        super().__set__(module, value)
+        free = super().__get__(module)
+        module.mode_scale.copy_(_geometric_mean(free.detach()))
+
+
 class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
     r"""Radial kernel whose radial spectral density is a mixture of hat functions (PWL).
 
@@ -49,7 +81,9 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
     dimension ``p``) and radii at the equidistant quantiles
     :math:`r_i = F_c^{-1}((i-\tfrac12)/M_c)` — deterministic, and differentiable
     in :math:`a_c, b_c`.  ARD lengthscales ``ℓ`` scale the input.  ``k(x, x) = Σ π_c``;
-    there is no separate ``outputscale``.
+    there is no separate ``outputscale``.  The modes' geometric mean stays where it was set (the
+    constructor or ``fit``'s initialisation): a common scale of the modes and of ``ℓ`` is not
+    identified by the data, and ``ℓ`` carries it.
 
     Args:
         num_dims: input dimension ``d``.
@@ -62,8 +96,8 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
         **kwargs: as for :class:`~alacarte.FeatureKernel` (``ard_num_dims``, ``batch_shape``,
             ``simplex`` …); there is no outputscale: the weights carry σ_f².
 
-    Initial state: modes spread over ``[0.5, 1.5]·sqrt(p)`` (an RBF kernel's χ_p
-    radii concentrate near ``sqrt(p)``), ``β = 0.5``, ``π_c = 1/C``.
+    Initial state: modes at :func:`initial_modes`, evenly spread over ``[0.5, 1.5]·sqrt(p)``,
+    ``β = 0.5``, ``π_c = 1/C``; ``fit``'s restarts start every restart there.
 
     Example:
         >>> from alacarte import PiecewiseLinearRadialKernel
@@ -74,7 +108,7 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
     """
 
     has_lengthscale = True
-    modes = ConstrainedParameter()
+    modes = _ScalePinnedModes()
     width_ratios = ConstrainedParameter()
 
     uses_chi_radius = False  # radii come from the hats
@@ -91,10 +125,18 @@ class PiecewiseLinearRadialKernel(FastfoodMixtureKernel):
     ):
         super().__init__(num_dims, num_samples, num_components=num_components, **kwargs)
         batch = self.component_shape
-        spread = torch.linspace(0.5, 1.5, num_components) if num_components > 1 else torch.ones(1)
-        modes = (math.sqrt(padded_dim(num_dims)) * spread).expand(batch)
+        modes = initial_modes(num_dims, num_components).expand(batch)
         register_constrained_parameter(self, "modes", modes, modes_constraint or Positive(), modes_prior)
+        self.register_buffer("mode_scale", _geometric_mean(modes))
         register_constrained_parameter(self, "width_ratios", torch.full(batch, 0.5), Interval(0.0, 1.0))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # a state saved without the pin: its modes as they were are the pin at their geometric mean
+        key = prefix + "mode_scale"
+        if key not in state_dict and prefix + "raw_modes" in state_dict:
+            modes = self.raw_modes_constraint.transform(state_dict[prefix + "raw_modes"])
+            state_dict[key] = _geometric_mean(modes)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def half_widths(self) -> Tensor:
