@@ -16,8 +16,9 @@ negative log predictive density of the held-out rows at the best overall scale o
 the predictive variance (:class:`HeldOut`), and keeps the best iterate (early
 stopping); the restarts are chosen by the same score.
 
-Then the noise variance σ² and that overall scale are chosen by the same score
-(:meth:`HeldOut.calibrate`).
+Then the noise variance σ² and that overall scale are chosen by the same score, with each
+held-out row predicted from all the other rows, kept and held out: the posterior the model
+will predict with (:meth:`HeldOut.calibrate`).
 A finite feature map is a misspecified model of the kernel it approximates: with D
 features and n ≳ D rows the training rows pin down the weights and the posterior
 variance between them is far too small, while the likelihood of the training rows
@@ -159,10 +160,15 @@ class HeldOut:
                 model's current parameters (e.g. the likelihood's
                 :attr:`~alacarte.WoodburyMarginalLogLikelihood.last_statistics`), or ``None`` to
                 compute the posterior from the rows."""
+        return self._scored(lambda: self._predictive(statistics))
+
+    def _scored(self, predictive) -> tuple[float, float]:
+        """(the score, s*) of the held-out rows' ``predictive()`` (mean, variance); ``(inf, 1)``
+        where it cannot be computed."""
         model = self.model
         model.eval()
         try:
-            mean, variance = self._predictive(statistics)
+            mean, variance = predictive()
             ratio = float(((self.y - mean) ** 2 / variance).mean())
             rows = self.rows
             scale = (rows * ratio + SCALE_PRIOR_ROWS) / (rows + SCALE_PRIOR_ROWS)
@@ -190,10 +196,53 @@ class HeldOut:
         (x,) = model.train_inputs
         return sufficient_statistics(features(x), model.train_targets - model.mean_module(x))
 
+    def _leave_one_out(self, statistics: SufficientStatistics, phi: Tensor) -> tuple[Tensor, Tensor]:
+        """Each held-out row's predictive mean and variance under the posterior of *all other* rows,
+        kept and held out (``statistics``: all rows', ``phi``: the held-out rows' features).
+
+        With A = ΦᵀΦ + σ²I over all rows and the leverage h = φᵀA⁻¹φ < 1 of a held-out row, removing
+        that row from the posterior divides its residual by 1 − h and makes its predictive variance
+        σ²/(1 − h) (the rank-one downdate of A)."""
+        posterior = WoodburyPosterior(statistics, homoskedastic_noise(self.model.likelihood))
+        mean = self.model.mean_module(self.x) + posterior.mean(phi)
+        keep = (1 - posterior.latent_variance(phi) / posterior.noise).clamp_min(torch.finfo(phi.dtype).eps)
+        return self.y - (self.y - mean) / keep, posterior.noise / keep
+
+    @torch.no_grad()
+    def _all_rows(self) -> tuple[SufficientStatistics, Tensor] | None:
+        """All rows' statistics and the held-out rows' features at the current parameters (``None``
+        for a model without explicit features, an exact GP)."""
+        features = getattr(self.model.covar_module, "features", None)
+        if features is None:
+            return None
+        phi = features(self.x)
+        return self._kept_statistics() + sufficient_statistics(phi, self.y - self.model.mean_module(self.x)), phi
+
+    @torch.no_grad()
+    def calibration_predictive(self) -> tuple[Tensor, Tensor]:
+        """The held-out rows' predictive (mean, variance, noise included) that :meth:`calibrate`
+        scores: for a feature GP, each row predicted from all other rows; for an exact GP, from the
+        kept rows."""
+        rows = self._all_rows()
+        return self._predictive(None) if rows is None else self._leave_one_out(*rows)
+
+    def calibration_score(self):
+        """What :meth:`calibrate` minimises: ``() -> (score, s*)`` at the model's current σ².
+
+        A feature GP's held-out rows are scored leave-one-out under the posterior of all the other
+        rows: the final model conditions on all rows, so its σ² and scale are chosen for a posterior
+        of n − 1 rows, not for the kept rows' alone.  The rows' statistics do not depend on σ²: one
+        pass serves every σ² the search tries."""
+        rows = self._all_rows()
+        if rows is None:
+            return self.score_and_scale
+        return lambda: self._scored(lambda: self._leave_one_out(*rows))
+
     @torch.no_grad()
     def calibrate(self) -> tuple[float, float] | None:
         """Choose σ² (in its constraint and in [1e-6, 10] standardised) by a bounded search on
-        log σ² for the lowest score, then multiply σ² and σ_f² by that σ²'s s*.
+        log σ² for the lowest score of the held-out rows, each predicted from all other rows
+        (:meth:`calibration_score`), then multiply σ² and σ_f² by that σ²'s s*.
 
         Returns:
             (σ², s*) as set, or ``None`` when the noise or the signal variance is not trained
@@ -207,20 +256,19 @@ class HeldOut:
         low = max(_NOISE_RANGE[0], 2 * float(constraint.lower_bound))
         high = min(_NOISE_RANGE[1], float(constraint.upper_bound))
         current = float(self.model.likelihood.noise.min())
-        # σ² is not in the features: one pass over the kept rows serves every σ² the search tries.
-        statistics = self._kept_statistics()
-        best = (self.loss(statistics), current)
+        measure = self.calibration_score()
+        best = (measure()[0], current)
         if low < high:
             def score(log_noise: float) -> float:
                 set_noise(self.model, math.exp(log_noise))
-                return self.loss(statistics)
+                return measure()[0]
 
             found = minimize_scalar(score, bounds=(math.log(low), math.log(high)), method="bounded",
                                     options={"xatol": _LOG_NOISE_TOLERANCE})
             if found.fun < best[0]:
                 best = (found.fun, math.exp(found.x))
         set_noise(self.model, best[1])
-        scale = self.score_and_scale(statistics)[1]
+        scale = measure()[1]
         set_noise(self.model, best[1] * scale)
         scale_signal(self.model, scale)
         return float(self.model.likelihood.noise.min()), scale

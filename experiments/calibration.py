@@ -13,7 +13,7 @@ with its own seed split + 1000·k as ``AlaCarteRegressor`` does, and scores thei
 moment-matched Gaussian, which is what the estimator predicts.  GM and PWL get ``--num-components`` components: by default make_model's (the
 estimator's and the command line's), ``auto`` the benchmark runner's rule (2 below 600 training rows).
 ``report`` averages over splits and compares each kernel with exact ARD on the splits both have; where
-several CSVs hold the same cell, the last one given wins.  It reports the rows fitted with
+several CSVs hold the same cell, the last one given wins (and any CSV over ``--feature-draws``).  It reports the rows fitted with
 ``--num-draws`` draws (default ``auto``: those the estimator's default would fit; rows without the
 column are one draw's); ``--feature-draws`` adds ``feature_draws.py``'s JSON lines, the same fits.  ``--paper-protocol`` adds the NLPD and RMSE that the UCI
 runner recorded for the same cells under the paper's protocol (its rows with D = 2·num_samples).
@@ -138,7 +138,8 @@ def _over(cell: dict, metric: str, splits=None) -> list[float]:
 def report(args) -> str:
     rows = [r for path in args.csv for r in read_rows(path)]
     n_train = {r["dataset"]: r["n_train"] for r in rows}
-    rows += [r for path in args.feature_draws or [] for r in _feature_draw_rows(path, n_train)]
+    # The feature-draw lines first: a CSV row of the same cell is a later re-run of it.
+    rows = [r for path in args.feature_draws or [] for r in _feature_draw_rows(path, n_train)] + rows
     rows = [r for r in rows if row_draws(r) == _wanted_draws(r, args.num_draws)]
     rows = list({_key(r): r for r in rows}.values())  # later files win
     cells = defaultdict(dict)  # (dataset, method) -> split -> metric -> value

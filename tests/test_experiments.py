@@ -116,6 +116,22 @@ def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_
     assert "| ds [3] | 2.00 | 0.05 [1] |" in text
 
 
+def test_the_calibration_report_takes_a_csv_rerun_over_a_feature_draw_line_of_the_same_cell(tmp_path):
+    import calibration
+
+    path, lines = tmp_path / "cells.csv", tmp_path / "draws.jsonl"
+    scores = dict(rmse=1.0, coverage50=0.5, coverage95=0.95, std_over_rmse=1.0)
+    append_row(path, calibration.FIELDS, dict(dataset="ds", split=0, method="exact-ard", validation_fraction=0.0,
+                                              num_features=0, n_train=100, nlpd=0.0, num_draws=1, **scores))
+    append_row(path, calibration.FIELDS, dict(dataset="ds", split=0, method="gm", validation_fraction=0.2,
+                                              num_features=1024, n_train=100, nlpd=0.25, num_draws=5, **scores))
+    lines.write_text(json.dumps(dict(dataset="ds", split=0, method="gm", K=5,
+                                     moment_matched=dict(nlpd=0.75, **scores))) + "\n")
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws="auto",
+                              feature_draws=[lines])
+    assert "| ds [1] | 0.00 | 0.25 |" in calibration.report(args)
+
+
 def test_the_calibration_mixture_of_draws_is_what_the_estimator_predicts(tmp_path):
     import calibration
     import numpy as np

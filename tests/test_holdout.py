@@ -131,7 +131,30 @@ def test_a_fit_scores_its_iterates_from_the_likelihoods_statistics(monkeypatch):
     assert len(reused) >= 4 * len(recomputed) > 0
 
 
-def test_the_noise_and_scale_are_the_held_out_scores_minimum():
+def test_the_leave_one_out_predictive_is_that_of_the_posterior_without_the_row():
+    """Each held-out row's calibration predictive equals the dense GP's prediction of that row
+    conditioned on every other row, kept and held out (k(x, x') = φ(x)ᵀφ(x'), the model's σ²)."""
+    x, y = data(n=60)
+    model = make_model("fsard", 3, num_samples=16)
+    model.likelihood.noise = 0.03
+    xs, ys = model.standardize(x, y)
+    kept, held = split_rows(60, 0.25, seed=1)
+    model.set_train_data(xs[kept], ys[kept], strict=False)
+    scorer = HeldOut(model, xs[held], ys[held])
+    mean, variance = scorer.calibration_predictive()
+    phi, noise = model.covar_module.features(xs).detach(), float(model.likelihood.noise.detach())
+    mu = model.mean_module(xs).detach()
+    for row, i in enumerate(held.tolist()):
+        others = torch.arange(60) != i
+        gram = phi[others] @ phi[others].T + noise * torch.eye(59, dtype=phi.dtype)
+        cross = phi[others] @ phi[i]
+        dense_mean = mu[i] + cross @ torch.linalg.solve(gram, ys[others] - mu[others])
+        dense_variance = phi[i] @ phi[i] - cross @ torch.linalg.solve(gram, cross) + noise
+        assert float(mean[row]) == pytest.approx(float(dense_mean), rel=1e-9, abs=1e-10)
+        assert float(variance[row]) == pytest.approx(float(dense_variance), rel=1e-9)
+
+
+def test_the_noise_and_scale_are_the_calibration_scores_minimum():
     x, y = data(n=200, noise=0.3)
     model = make_model("fsard", 3, num_samples=64)
     history = ac.fit(model, x, y, max_iter=20, restarts=1, restart_iter=3, validation_fraction=0.2, progress=False)
@@ -141,18 +164,21 @@ def test_the_noise_and_scale_are_the_held_out_scores_minimum():
     model.train()
     scorer = HeldOut(model, xs[held], ys[held])
     chosen = history.held_out_noise
-    model.likelihood.noise.detach()
     assert chosen == pytest.approx(float(model.likelihood.noise), rel=1e-12)
     # Before the scale was applied, the chosen σ² had that scale as its estimate, and the lowest score.
     scale = history.held_out_scale
     model.likelihood.noise = chosen / scale
     model.covar_module.outputscale = model.covar_module.outputscale / scale
-    best, before = scorer.score_and_scale()
+    measure = scorer.calibration_score()
+    best, before = measure()
     assert before == pytest.approx(scale, rel=1e-6)  # (round-off of the constraints' softplus)
     chosen = chosen / scale
     for factor in (0.9, 1.1, 0.5, 2.0):
         model.likelihood.noise = chosen * factor
-        assert scorer.loss() >= best - 1e-12, factor
+        assert measure()[0] >= best - 1e-12, factor
+    # The kept rows' posterior alone is a different score: the held-out rows are predicted from fewer rows.
+    model.likelihood.noise = chosen
+    assert scorer.score_and_scale()[0] > best
 
 
 def test_streamed_data_refuse_held_out_rows():
