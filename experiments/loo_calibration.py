@@ -39,7 +39,8 @@ from alacarte.bench.settings import parse_splits  # noqa: E402
 from alacarte.factory import draws_for_features, make_model  # noqa: E402
 from alacarte.holdout import HeldOut  # noqa: E402
 from alacarte.regressor import mixture_moments  # noqa: E402
-from _csv_rows import read_rows as read_csv_rows  # noqa: E402
+from _csv_rows import append_row as append_csv_row, read_rows as read_csv_rows  # noqa: E402
+from calibration import FIELDS  # noqa: E402
 from _jsonl_rows import append_row, read_rows  # noqa: E402
 
 SHIPPED = HeldOut.calibrate
@@ -146,8 +147,6 @@ def report(args) -> str:
 
 def rows(args) -> None:
     """Append the leave-one-out rule's cells to ``args.csv`` as ``calibration.py`` rows."""
-    from calibration import FIELDS
-    from _csv_rows import append_row as append_csv_row
     for r in read_rows(args.out):
         if args.datasets and r["dataset"] not in args.datasets:
             continue

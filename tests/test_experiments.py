@@ -335,3 +335,32 @@ def test_calibration_truth_resumes_at_the_draws_the_estimators_default_resolves_
     calibration_truth.run(path, ["fsard"], [500, 5000], [1])  # "auto": 5 draws at n = 500, 1 at 5 000
     with pytest.raises(AssertionError, match="refitted"):
         calibration_truth.run(path, ["fsard"], [500], [1], num_draws=1)
+
+
+def test_mixture_rules_rows_are_what_the_estimator_predicts(tmp_path, monkeypatch):
+    """The saved cell's shipped rule, written as a calibration row, scores the estimator's own
+    prediction; the leave-one-out predictive it saves is every draw's, over every training row."""
+    import mixture_rules
+    import numpy as np
+    import torch
+    from alacarte import AlaCarteRegressor
+    from alacarte.bench.scores import predictive_scores
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, (80, 2))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(80)
+    data = argparse.Namespace(x_train=x[:60], y_train=y[:60], x_test=x[60:], y_test=y[60:])
+    monkeypatch.setattr(mixture_rules.ac, "load_uci", lambda *a, **k: data)
+    out, table = tmp_path / "cells", tmp_path / "rows.csv"
+    mixture_rules.main(["run", str(out), "--datasets", "toy", "--methods", "gm", "--splits", "1",
+                        "--num-features", "32"])
+    cell = np.load(out / "toy-gm-1.npz")
+    assert cell["loo_mean"].shape == (5, 60) and cell["held"].sum(1).tolist() == [12] * 5
+    mixture_rules.main(["rows", str(out), "--csv", str(table), "--num-features", "32", "--version", "test"])
+    (row,) = read_rows(table)
+    reg = AlaCarteRegressor("gm", num_samples=16, random_state=1).fit(x[:60], y[:60])
+    assert len(reg.models_) == 5
+    mean, std = reg.predict(x[60:], return_std=True)
+    expected = predictive_scores(torch.as_tensor(mean), torch.as_tensor(std**2), torch.as_tensor(y[60:]))
+    for name in ("rmse", "nlpd", "coverage95"):
+        assert float(row[name]) == pytest.approx(expected[name], rel=1e-9), name
