@@ -352,8 +352,13 @@ def test_mixture_rules_rows_are_what_the_estimator_predicts(tmp_path, monkeypatc
     data = argparse.Namespace(x_train=x[:60], y_train=y[:60], x_test=x[60:], y_test=y[60:])
     monkeypatch.setattr(mixture_rules.ac, "load_uci", lambda *a, **k: data)
     out, table = tmp_path / "cells", tmp_path / "rows.csv"
-    mixture_rules.main(["run", str(out), "--datasets", "toy", "--methods", "gm", "--splits", "1",
-                        "--num-features", "32"])
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    try:  # the script sets both for its process
+        mixture_rules.main(["run", str(out), "--datasets", "toy", "--methods", "gm", "--splits", "1",
+                            "--num-features", "32"])
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_num_threads(threads)
     cell = np.load(out / "toy-gm-1.npz")
     assert cell["loo_mean"].shape == (5, 60) and cell["held"].sum(1).tolist() == [12] * 5
     mixture_rules.main(["rows", str(out), "--csv", str(table), "--num-features", "32", "--version", "test"])
