@@ -35,6 +35,7 @@ class FeatureKernelTestCase(BaseKernelTestCase):
     seed = 0
     num_samples = 64
     supports_ard = True
+    redraws = True  # False where the random state is learned (FSGBARD's blocks, SSGPR's frequencies)
 
     # -- hooks ------------------------------------------------------------------------
     def make_kernel(self, num_dims, num_samples=None, **kwargs):
@@ -170,6 +171,31 @@ class FeatureKernelTestCase(BaseKernelTestCase):
         a, b, c = self.make_kernel(3, seed=5), self.make_kernel(3, seed=5), self.make_kernel(3, seed=6)
         self.assertTrue(torch.equal(a.features(x), b.features(x)))
         self.assertFalse(torch.equal(a.features(x), c.features(x)))
+
+    def test_redrawn_is_the_kernel_built_with_that_seed(self):
+        """Within ``redrawn(s)`` the features are those of a kernel built with seed s that carries
+        this kernel's learned parameters; after the block, this kernel's own, bit for bit."""
+        ard = 3 if self.supports_ard else None
+        kernel = self.make_kernel(3, ard_num_dims=ard)
+        with torch.no_grad():
+            for param in kernel.parameters():
+                param.add_(0.1 * torch.randn_like(param))
+        x = torch.randn(10, 3)
+        own = kernel.features(x)
+        if not self.redraws:
+            with self.assertRaisesRegex(ValueError, "draw"), kernel.redrawn(5):
+                pass
+            self.assertTrue(torch.equal(kernel.features(x), own))
+            return
+        fresh = self.make_kernel(3, ard_num_dims=ard, seed=5)
+        drawn = {"perm", "sign", "gauss", "radius", "weights"} & set(dict(kernel.named_buffers()))
+        fresh.load_state_dict({name: v for name, v in kernel.state_dict().items() if name not in drawn}, strict=False)
+        with kernel.redrawn(5):
+            self.assertTrue(torch.equal(kernel.features(x), fresh.features(x)))
+            self.assertFalse(torch.equal(kernel.features(x), own))
+        self.assertTrue(torch.equal(kernel.features(x), own))
+        with self.assertRaisesRegex(ValueError, "seed"), kernel.redrawn(None):
+            pass
 
     # -- bad input ----------------------------------------------------------------------
     def test_rejects_bad_settings(self):

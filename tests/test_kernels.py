@@ -41,6 +41,7 @@ class TestFSARDKernel(FeatureKernelTestCase, unittest.TestCase):
 
 class TestFSGBARDKernel(FeatureKernelTestCase, unittest.TestCase):
     kernel_class = FSGBARDKernel
+    redraws = False
 
     def test_equals_fsard_at_initialisation(self):
         x = torch.randn(10, 3)
@@ -54,6 +55,7 @@ class TestRandomFourierKernel(FeatureKernelTestCase, unittest.TestCase):
 class TestSSGPRKernel(FeatureKernelTestCase, unittest.TestCase):
     kernel_class = SSGPRKernel
     supports_ard = False
+    redraws = False
 
     def make_ard_kernel(self, num_dims, num_samples, lengthscale):
         return self.make_kernel(num_dims, num_samples, lengthscale=lengthscale)

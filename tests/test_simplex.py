@@ -408,8 +408,8 @@ def test_a_constant_input_gets_no_simplex_weight(single_thread):
     assert 4 not in kernel.selected().tolist()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, single_thread):
+@pytest.mark.parametrize("seed, draws", [(0, 0), (1, 0), (2, 0), (0, 4), (1, 4)])
+def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, draws, single_thread):
     """y = sin(2x₀) + cos(2x₁) + noise, four more inputs it does not use: after fit() alone
     (c learnable) irrelevant inputs keep small weights; select_inputs leaves exactly {0, 1}
     with non-zero π, on every feature draw, and predicts no worse."""
@@ -424,7 +424,7 @@ def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, single_t
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False, seed=seed)
     before = float(model.predict(xt, mean_only=True).mean.sub(yt).pow(2).mean())
-    result = select_inputs(model, x, y, refit_iter=20, seed=seed)
+    result = select_inputs(model, x, y, refit_iter=20, draws=draws, seed=seed)
     pi = kernel.simplex_weights.detach().ravel()
     assert result.selected.tolist() == [0, 1]
     assert bool((pi[2:] == 0).all()) and abs(float(pi.sum()) - 1.0) <= 1e-12
@@ -435,6 +435,53 @@ def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, single_t
     assert kernel.simplex_mask.ravel().tolist() == [True, True] + [False] * 4
     ac.fit(model, x, y, max_iter=20, restarts=0, progress=False, seed=seed)
     assert bool((kernel.simplex_weights.detach().ravel()[2:] == 0).all())
+
+
+def test_input_costs_on_fresh_draws_are_the_mean_over_kernels_built_with_those_seeds(single_thread):
+    """input_costs(draws=seeds) equals the mean of the costs of models whose kernels were built
+    with those seeds and given the fitted parameters; the model's own draw is untouched."""
+    import copy
+
+    from alacarte.selection.evidence import input_costs
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 5))
+    y = np.sin(2 * x[:, 0]) * x[:, 3] + 0.1 * rng.standard_normal(300)
+    kernel = ac.FSARDKernel(5, 32, ard_num_dims=5, simplex=True, seed=2).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=30, restarts=0, progress=False, seed=0)
+    own = input_costs(model, kernel)
+    reference = []
+    for seed in (11, 12):
+        other = copy.deepcopy(model)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)  # drawn in float64, as the buffers it replaces are
+        try:
+            fresh = ac.FSARDKernel(5, 32, ard_num_dims=5, simplex=True, seed=seed)
+        finally:
+            torch.set_default_dtype(default)
+        with torch.no_grad():
+            for name in ("perm", "sign", "gauss"):
+                getattr(other.covar_module, name).copy_(getattr(fresh, name))
+        reference.append(input_costs(other, other.covar_module))
+    assert torch.allclose(input_costs(model, kernel, [11, 12]), (reference[0] + reference[1]) / 2, rtol=1e-9, atol=1e-9)
+    assert torch.equal(input_costs(model, kernel), own)
+    assert not torch.allclose(reference[0], own)
+
+
+def test_select_inputs_refuses_bad_draws(single_thread):
+    from alacarte.selection.evidence import select_inputs
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 3))
+    y = np.sin(x[:, 0])
+    for cls in (ac.FSARDKernel, ac.FSGBARDKernel):
+        model = ac.FeatureGP(None, None, cls(3, 16, ard_num_dims=3, simplex=True, seed=0)).double()
+        ac.fit(model, x, y, max_iter=3, restarts=0, progress=False)
+        with pytest.raises(ValueError, match="draws"):
+            select_inputs(model, x, y, draws=-1)
+    with pytest.raises(ValueError, match="learns its Fastfood blocks"):
+        select_inputs(model, x, y, draws=2)
 
 
 def test_selection_frequency_counts_each_draws_selection(single_thread):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from gpytorch.constraints import Interval, Positive
@@ -225,6 +226,46 @@ class FeatureKernel(Kernel):
             self.active_dims = active_dims
         kernel.active_dims = active_dims
         return kernel
+
+    # -- the random draw -----------------------------------------------------------------
+    def _draw_buffers(self, seed: int) -> dict[str, Tensor]:
+        """The random buffers (not learned parameters) that a draw from ``seed`` gives."""
+        raise ValueError(f"{type(self).__name__} has no random draw apart from its learned parameters")
+
+    @contextmanager
+    def redrawn(self, seed: int) -> Iterator["FeatureKernel"]:
+        """Within the block, the kernel's random buffers (its directions and fixed radii) as a
+        kernel built with ``seed`` draws them; every learned parameter is kept, and the buffers
+        are put back after the block.
+
+        A hyperparameter fitted on one finite draw can fit that draw's chance features; on a
+        fresh draw only what the kernel itself gains remains
+        (:func:`alacarte.selection.select_inputs`'s ``draws``).
+
+        Raises:
+            ValueError: for a kernel whose random state is learned (FSGBARD's blocks, SSGPR's
+                frequencies) or a seed outside [0, 2⁶⁴).
+
+        Example:
+            >>> import torch
+            >>> from alacarte import FSARDKernel
+            >>> kernel, x = FSARDKernel(3, 64, seed=0), torch.randn(5, 3)
+            >>> with kernel.redrawn(1):
+            ...     phi = kernel.features(x)    # the directions of seed 1, kernel's radii
+        """
+        if seed is None:
+            raise ValueError("redrawn needs an integer seed")
+        fresh = self._draw_buffers(check_seed(seed))
+        saved = {name: getattr(self, name).clone() for name in fresh}
+        try:
+            with torch.no_grad():
+                for name, value in fresh.items():
+                    getattr(self, name).copy_(value)
+            yield self
+        finally:
+            with torch.no_grad():
+                for name, value in saved.items():
+                    getattr(self, name).copy_(value)
 
     # -- lengthscales, plain or on the simplex ------------------------------------------
     @property

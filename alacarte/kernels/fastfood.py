@@ -11,7 +11,8 @@ from ._params import ConstrainedParameter, register_constrained_parameter
 from ..features.fastfood import choose_strategy
 from .base import FeatureKernel, MixtureFeatureKernel, resolve_seed
 
-__all__ = ["FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "FastfoodMixtureKernel", "register_fastfood_state"]
+__all__ = ["FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "FastfoodMixtureKernel", "register_fastfood_state",
+           "draw_fastfood_buffers"]
 
 STRATEGIES = ("auto", "dense", "fwht")
 
@@ -54,6 +55,18 @@ def register_fastfood_state(
         else:
             module.register_buffer(name, tensor)
     return torch.as_tensor(state.radius, dtype=dtype)
+
+
+def draw_fastfood_buffers(module: torch.nn.Module, num_samples: int, batch_shape: torch.Size, seed: int
+                          ) -> dict[str, Tensor]:
+    """The Fastfood buffers of ``module`` (``perm`` and, where not learned, ``sign``, ``gauss``,
+    ``radius``) as :func:`register_fastfood_state` draws them from ``seed``, in their dtypes."""
+    buffers = dict(module.named_buffers(recurse=False))
+    if "gauss" not in buffers:
+        raise ValueError(f"{type(module).__name__} learns its Fastfood blocks: they have no draw to re-draw")
+    state = draw_fastfood_state(module.num_dims, num_samples, batch_shape, seed)
+    arrays = {"perm": state.perm, "sign": state.sign, "gauss": state.gauss, "radius": state.radius}
+    return {name: torch.as_tensor(a).to(buffers[name]) for name, a in arrays.items() if name in buffers}
 
 
 class FastfoodRBFKernel(FeatureKernel):
@@ -118,6 +131,9 @@ class FastfoodRBFKernel(FeatureKernel):
             if radius_prior is not None or radius_constraint is not None:
                 raise ValueError(f"{type(self).__name__} has fixed radii; use FSARDKernel to learn them")
             self.register_buffer("radius", radius)
+
+    def _draw_buffers(self, seed: int) -> dict[str, Tensor]:
+        return draw_fastfood_buffers(self, self.num_samples, self.batch_shape, seed)
 
     def projection(self, x: Tensor) -> Tensor:
         return fastfood_project(self.scale_inputs(x), self.sign, self.perm, self.gauss, self.radius, self.strategy)
@@ -194,6 +210,9 @@ class FastfoodMixtureKernel(MixtureFeatureKernel):
         )
         if self.uses_chi_radius:
             self.register_buffer("radius", radius)
+
+    def _draw_buffers(self, seed: int) -> dict[str, Tensor]:
+        return draw_fastfood_buffers(self, self.samples_per_component, self.component_shape, seed)
 
     def execution_strategy(self) -> str:
         """``"dense"`` or ``"fwht"``: the configured one, or ``choose_strategy``'s for this input size."""

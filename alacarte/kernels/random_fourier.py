@@ -47,6 +47,9 @@ class RandomFourierKernel(FeatureKernel):
         shape = (*self.batch_shape, num_samples, num_dims)
         self.register_buffer("weights", _standard_normal(shape, self.seed, self.raw_outputscale.dtype))
 
+    def _draw_buffers(self, seed: int) -> dict[str, Tensor]:
+        return {"weights": _standard_normal(self.weights.shape, seed, self.weights.dtype).to(self.weights)}
+
     def projection(self, x: Tensor) -> Tensor:
         return self.scale_inputs(x) @ self.weights.transpose(-1, -2)
 

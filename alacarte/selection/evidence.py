@@ -13,14 +13,20 @@ refitted — an upper bound on the cost after a refit).  Twice the gain of an ir
 input is about χ²₁, so P(cost > t) ≤ e^{-t}: inputs costing less than
 :math:`t = \log(d/\alpha)` are dropped (held at 0 by :meth:`~alacarte.kernels.base.FeatureKernel.drop_inputs_`),
 which keeps about α irrelevant inputs in expectation; the GP is refitted and asked again.
+
+The χ²₁ count holds for the kernel, not for one finite draw of its features: a weight fitted
+on a draw can fit that draw's chance features (an irrelevant input worth 10 nats on the
+fitted draw, −7 on fresh ones).  With ``draws`` the cost is measured on fresh draws of the
+kernel's random directions, every fitted parameter kept, where only the kernel's gain remains.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from ..training import fit, negative_mll
@@ -58,9 +64,21 @@ def _simplex_kernel(model: "FeatureGP") -> torch.nn.Module:
 
 
 @torch.no_grad()
-def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
+def input_costs(model: "FeatureGP", kernel: torch.nn.Module, draws: Sequence[int] = ()) -> torch.Tensor:
     """Per input, the rise of the total negative log marginal likelihood (nats, on the model's
-    training data) when its weight alone is set to 0; 0 for inputs out of use."""
+    training data) when its weight alone is set to 0; 0 for inputs out of use.  With ``draws``
+    (seeds), its mean over those fresh draws of the kernel's random features
+    (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`), every learned parameter kept."""
+    if not draws:
+        return _costs_on_draw(model, kernel)
+    total = torch.zeros(kernel.num_dims, dtype=torch.float64)
+    for seed in draws:
+        with kernel.redrawn(seed):
+            total += _costs_on_draw(model, kernel)
+    return total / len(draws)
+
+
+def _costs_on_draw(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     x, y = model.train_inputs[0], model.train_targets
     pi, size = kernel.simplex_weights.detach().clone(), kernel.simplex_size.detach().clone()
     learn = kernel.raw_simplex_size.requires_grad
@@ -87,8 +105,13 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     return costs
 
 
+def _fresh_seeds(kernel: torch.nn.Module, draws: int) -> list[int]:
+    """``draws`` seeds for fresh feature draws, derived from the kernel's own (reproducible)."""
+    return [int(s) for s in np.random.SeedSequence(int(getattr(kernel, "seed", 0))).generate_state(draws, np.uint64)]
+
+
 def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: int = 30, max_rounds: int = 5,
-                  seed: int | None = 0) -> InputSelection:
+                  draws: int = 0, seed: int | None = 0) -> InputSelection:
     r"""Drop the inputs of a fitted simplex-ARD GP that the marginal likelihood does not need.
 
     Call after :func:`alacarte.fit` on the same ``x``, ``y``.  Each round drops every input whose
@@ -103,6 +126,10 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
         level: about the expected number of irrelevant inputs kept (χ²₁ tail); in (0, d).
         refit_iter: L-BFGS iterations of each refit.
         max_rounds: the most drop-and-refit rounds.
+        draws: 0 asks the fitted feature draw; k > 0 asks k fresh draws of the kernel's random
+            features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`, every learned parameter
+            kept) and uses the mean cost.  A weight fitted on one finite draw can fit that draw's
+            chance features, a gain that a fresh draw does not repeat.
         seed: passed to the refits.
 
     Returns:
@@ -110,20 +137,25 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
 
     Raises:
         ValueError: for a model without exactly one simplex kernel, an unfitted model, or
-            ``level``, ``refit_iter``, ``max_rounds`` out of range.
+            ``level``, ``refit_iter``, ``max_rounds``, ``draws`` out of range, or ``draws`` for a
+            kernel whose random state is learned.
     """
     kernel = _simplex_kernel(model)
     d = kernel.num_dims
     if not 0 < level < d:
         raise ValueError(f"level must lie in (0, {d}), got {level!r}")
-    if int(refit_iter) < 1 or int(max_rounds) < 0:
-        raise ValueError(f"refit_iter must be ≥ 1 and max_rounds ≥ 0, got {refit_iter!r}, {max_rounds!r}")
+    if int(refit_iter) < 1 or int(max_rounds) < 0 or int(draws) < 0:
+        raise ValueError(f"refit_iter must be ≥ 1 and max_rounds, draws ≥ 0, got {refit_iter!r}, {max_rounds!r}, "
+                         f"{draws!r}")
     if model.train_inputs is None:
         raise ValueError("select_inputs needs a fitted model: call alacarte.fit(model, x, y) first")
     threshold = math.log(d / level)
+    seeds = _fresh_seeds(kernel, int(draws))
+    if seeds:
+        kernel._draw_buffers(seeds[0])  # refuses a kernel with a learned random state before any work
     rounds = 0
     while True:
-        costs = input_costs(model, kernel)
+        costs = input_costs(model, kernel, seeds)
         active = kernel.simplex_weights.detach().reshape(-1).cpu() > 0
         idle = kernel.simplex_mask.reshape(-1).cpu() & ~active
         if bool(idle.any()):  # worth 0 nats: held at 0, so that no refit hands them a chance weight
