@@ -2,6 +2,8 @@
 
     python experiments/se1_relevance.py subsets OUT.jsonl --reps 2
     python experiments/se1_relevance.py reentry OUT.jsonl --reps 0
+    python experiments/se1_relevance.py scan OUT.jsonl --reps 0,1,2,3,4 --n 5000
+    python experiments/se1_relevance.py fresh OUT.jsonl --reps 0,1,2,3,4 --n 5000 [--num-samples 512]
 
 ``subsets``: plain FSARD (ARD, all rows, no held-out rows) on the columns {x₇, x₈, x₉} and on
 {x₁, x₃, x₇, x₈, x₉} of a fresh SE1 draw (n = 10 000, 1 000 test rows), at the settings of
@@ -9,7 +11,11 @@
 benchmark's simplex fit and ``select_inputs`` on its replication, then every zeroed input re-entered
 at weight 1/(4d), refitted (100 iterations) and selected again.  One JSON line per fit, appended;
 ``loss`` is the negative log marginal likelihood per row (``subsets``) or in total (``reentry``),
-in standardised units.  One thread.
+in standardised units.  ``scan``: the benchmark's fit and ``select_inputs`` (``n`` rows), then the rise of
+the marginal likelihood (``gains``, nats; negative: it falls) when one zeroed input, or x₁ and x₃ together
+(``pair``), re-enters at ``q`` times the median fitted γ, nothing refitted.  ``fresh``: each input's cost
+(``select_inputs``'s) on the fitted draw and its mean and standard deviation over 6 fresh feature draws
+(``FeatureKernel.redrawn``), after the fit and after ``select_inputs``.  One thread.
 """
 from __future__ import annotations
 
@@ -26,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import alacarte as ac  # noqa: E402
 from alacarte.datasets import make_se1  # noqa: E402
-from alacarte.selection.evidence import select_inputs  # noqa: E402
+from alacarte.selection.evidence import input_costs, select_inputs  # noqa: E402
+from alacarte.training import negative_mll  # noqa: E402
 from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 from selection_benchmark import gp_settings, split  # noqa: E402
 
@@ -90,6 +97,71 @@ def reentry(out, reps: list[int]) -> None:
         stage("re-entered, selected", _fit(model, x, y, seed, max_iter=1, restarts=0))
 
 
+QS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)
+
+
+def _benchmark_fit(n: int, rep: int, num_samples: int | None = None):
+    (train, _, _), _, seed = split("se1", n, rep)
+    x, y = train
+    d = x.shape[1]
+    torch.manual_seed(seed)
+    s = gp_settings(n, d)
+    kernel = ac.FSARDKernel(d, num_samples or s["num_samples"], ard_num_dims=d, seed=seed, simplex=True).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    _fit(model, x, y, seed, max_iter=s["max_iter"], restarts=s["restarts"], restart_iter=10)
+    return model, kernel, x, y, seed
+
+
+@torch.no_grad()
+def _total_loss(model, kernel, gamma) -> float:
+    kernel.simplex_weights.copy_(gamma / gamma.sum())
+    kernel.simplex_size = gamma.sum()
+    x, y = model.train_inputs[0], model.train_targets
+    with model.inference_settings():
+        return float(negative_mll(model, x, y, backward=False)) * len(y)
+
+
+def scan(out, reps: list[int], n: int) -> None:
+    for rep in reps:
+        model, kernel, x, y, seed = _benchmark_fit(n, rep)
+        select_inputs(model, x, y, seed=seed)
+        model.train()
+        gamma = kernel.inverse_lengthscale().detach().clone()
+        active = gamma.reshape(-1) > 0
+        ref = float(gamma.reshape(-1)[active].median())
+        base = _total_loss(model, kernel, gamma)
+
+        def gains(inputs):
+            rises = []
+            for q in QS:
+                trial = gamma.clone()
+                trial[..., inputs] = q * ref
+                rises.append(round(base - _total_loss(model, kernel, trial), 2))
+            return rises
+
+        row = dict(part="scan", n=n, rep=rep, selected=kernel.selected().tolist(), q=list(QS), median_gamma=ref,
+                   gains={j: gains([j]) for j in torch.nonzero(~active).reshape(-1).tolist()}, pair=gains([0, 2]))
+        _total_loss(model, kernel, gamma)
+        _write(out, row)
+
+
+def fresh(out, reps: list[int], n: int, num_samples: int | None) -> None:
+    for rep in reps:
+        model, kernel, x, y, seed = _benchmark_fit(n, rep, num_samples)
+        seeds = [10**6 + 1000 * rep + k for k in range(6)]
+
+        def costs():
+            own, on_fresh = input_costs(model, kernel), [input_costs(model, kernel, [s]) for s in seeds]
+            stacked = torch.stack(on_fresh)
+            return {j: [round(float(own[j]), 1), round(float(stacked[:, j].mean()), 1),
+                        round(float(stacked[:, j].std()), 1)] for j in kernel.selected().tolist()}
+
+        after_fit = costs()
+        select_inputs(model, x, y, seed=seed)
+        _write(out, dict(part="fresh", n=n, rep=rep, num_samples=kernel.num_samples, after_fit=after_fit,
+                         after_select=costs()))
+
+
 def _write(out: Path, row: dict) -> None:
     append_row(out, row)
     print(row, flush=True)
@@ -97,15 +169,23 @@ def _write(out: Path, row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["subsets", "reentry"])
+    parser.add_argument("part", choices=["subsets", "reentry", "scan", "fresh"])
     parser.add_argument("out", type=Path)
-    parser.add_argument("--reps", default="2", help="subsets: how many; reentry: which, comma-separated")
+    parser.add_argument("--reps", default="2", help="subsets: how many; the others: which, comma-separated")
+    parser.add_argument("--n", type=int, default=N, help="scan, fresh: training rows (the benchmark's split)")
+    parser.add_argument("--num-samples", type=int, default=None, help="fresh: D (default: the benchmark's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.part == "subsets":
         subsets(args.out, int(args.reps))
+        return
+    reps = [int(r) for r in args.reps.split(",")]
+    if args.part == "reentry":
+        reentry(args.out, reps)
+    elif args.part == "scan":
+        scan(args.out, reps, args.n)
     else:
-        reentry(args.out, [int(r) for r in args.reps.split(",")])
+        fresh(args.out, reps, args.n, args.num_samples)
 
 
 if __name__ == "__main__":
