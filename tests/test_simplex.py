@@ -469,6 +469,30 @@ def test_input_costs_on_fresh_draws_are_the_mean_over_kernels_built_with_those_s
     assert not torch.allclose(reference[0], own)
 
 
+@pytest.mark.parametrize("draws", [0, 4])
+def test_select_inputs_brings_back_a_relevant_input_held_at_zero(draws, single_thread):
+    """y = sin(2x₀) + cos(2x₁): with x₁ held at 0 after the fit, its gradient there is 0 and no refit
+    moves it; select_inputs asks the held inputs at finite weights, brings x₁ back, and ends
+    with exactly {0, 1}, predicting as well as the fit that never lost x₁."""
+    from alacarte.selection.evidence import entry_gains, select_inputs
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 6))
+    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    xt = rng.standard_normal((200, 6))
+    yt = torch.as_tensor(np.sin(2 * xt[:, 0]) + np.cos(2 * xt[:, 1]))
+    kernel = ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=0).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False, seed=0)
+    kernel.drop_inputs_([1])
+    gains, values = entry_gains(model, kernel, [1, 2])
+    assert float(gains[0]) > 100 and float(values[0]) > 0
+    result = select_inputs(model, x, y, refit_iter=20, draws=draws, seed=0)
+    assert result.selected.tolist() == [0, 1] and 1 in result.entered
+    error = float(model.predict(xt, mean_only=True).mean.sub(yt).pow(2).mean())
+    assert error < 0.05
+
+
 def test_select_inputs_refuses_bad_draws(single_thread):
     from alacarte.selection.evidence import select_inputs
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from .._validation import varying_columns
 from ..training import fit, negative_mll
 
 if TYPE_CHECKING:
@@ -47,12 +48,14 @@ class InputSelection:
             (0 for inputs out of use then).
         threshold: the cost below which an input was dropped, ``log(d/level)``.
         rounds: refits done.
+        entered: indices of the inputs brought back from 0 (kept or not), in the order they came.
     """
 
     selected: torch.Tensor
     costs: torch.Tensor
     threshold: float
     rounds: int
+    entered: list[int]
 
 
 def _simplex_kernel(model: "FeatureGP") -> torch.nn.Module:
@@ -110,26 +113,94 @@ def _fresh_seeds(kernel: torch.nn.Module, draws: int) -> list[int]:
     return [int(s) for s in np.random.SeedSequence(int(getattr(kernel, "seed", 0))).generate_state(draws, np.uint64)]
 
 
-def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: int = 30, max_rounds: int = 5,
+# Re-entry weights, times the median γ in use: a zero weight is a stationary point of the likelihood
+# (the kernel depends on γ_j through γ_j²), so an input the fit zeroed is asked at finite weights.
+ENTRY_SCALES = (0.25, 0.5, 1.0)
+
+
+def _set_gamma(kernel: torch.nn.Module, gamma: torch.Tensor) -> None:
+    kernel.simplex_weights.copy_(gamma / gamma.sum())
+    if kernel.raw_simplex_size.requires_grad:
+        kernel.simplex_size = gamma.sum().reshape(kernel.simplex_size.shape)
+
+
+@torch.no_grad()
+def entry_gains(model: "FeatureGP", kernel: torch.nn.Module, inputs: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per input of ``inputs`` (at weight 0): the largest fall of the total negative log marginal
+    likelihood (nats) when it alone re-enters at γ_j = q · (median γ in use), q in
+    :data:`ENTRY_SCALES`, nothing refitted; and that γ_j.  Shapes ``(len(inputs),)``."""
+    x, y = model.train_inputs[0], model.train_targets
+    pi, size = kernel.simplex_weights.detach().clone(), kernel.simplex_size.detach().clone()
+    gamma = kernel.inverse_lengthscale().detach().clone()
+    reference = float(gamma.reshape(-1)[gamma.reshape(-1) > 0].median())
+    table = torch.full((len(inputs), len(ENTRY_SCALES)), -math.inf, dtype=torch.float64)
+    model.train()
+    with model.inference_settings():
+        base = float(negative_mll(model, x, y, backward=False))
+        try:
+            for a, j in enumerate(inputs):
+                for b, q in enumerate(ENTRY_SCALES):
+                    trial = gamma.clone()
+                    trial[..., j] = q * reference
+                    _set_gamma(kernel, trial)
+                    table[a, b] = (base - float(negative_mll(model, x, y, backward=False))) * len(y)
+        finally:
+            kernel.simplex_weights.copy_(pi)
+            if kernel.raw_simplex_size.requires_grad:
+                kernel.simplex_size = size
+    best, at = table.max(1) if len(inputs) else (table[:, 0], torch.zeros(0, dtype=torch.long))
+    return best, torch.tensor(ENTRY_SCALES, dtype=torch.float64)[at] * reference
+
+
+def _entries(model, kernel, inputs: list[int], seeds: list[int], threshold: float) -> dict[int, float]:
+    """The inputs of ``inputs`` worth more than ``threshold`` on re-entry (on the fitted draw, then, with
+    ``seeds``, on the mean over fresh draws), with the γ_j each re-enters at."""
+    gains, values = entry_gains(model, kernel, inputs)
+    passing = [a for a in range(len(inputs)) if gains[a] > threshold]
+    if seeds and passing:
+        candidates = [inputs[a] for a in passing]
+        fresh = []
+        for seed in seeds:
+            with kernel.redrawn(seed):
+                fresh.append(entry_gains(model, kernel, candidates)[0])
+        mean = torch.stack(fresh).mean(0)
+        passing = [a for a, g in zip(passing, mean) if g > threshold]
+    return {inputs[a]: float(values[a]) for a in passing}
+
+
+@torch.no_grad()
+def _reenter(kernel: torch.nn.Module, values: dict[int, float]) -> None:
+    index = torch.tensor(list(values), dtype=torch.long)
+    kernel.simplex_mask[..., index] = True
+    gamma = kernel.inverse_lengthscale().detach().clone()
+    gamma[..., index] = torch.tensor(list(values.values()), dtype=gamma.dtype, device=gamma.device)
+    _set_gamma(kernel, gamma)
+
+
+def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: int = 30, max_rounds: int = 8,
                   draws: int = 0, seed: int | None = 0) -> InputSelection:
     r"""Drop the inputs of a fitted simplex-ARD GP that the marginal likelihood does not need.
 
     Call after :func:`alacarte.fit` on the same ``x``, ``y``.  Each round drops every input whose
     weight is worth less than ``log(d/level)`` nats of total marginal likelihood (never the
     last one) — inputs already at weight 0 among them —, holds them at exactly 0 and refits the
-    rest with :func:`alacarte.fit` (``restarts=0``, ``refit_iter`` iterations), until no input
-    in use is dropped.
+    rest with :func:`alacarte.fit` (``restarts=0``, ``refit_iter`` iterations).  When none is
+    dropped, each held input is asked once whether it is worth more than the threshold on
+    re-entry (:func:`entry_gains`: a zero weight is a stationary point, so the fit cannot
+    bring an input back itself); those that are re-enter and the model is refitted.  It ends
+    when a round neither drops nor re-enters an input, or after ``max_rounds`` refits.
 
     Args:
         model: a fitted :class:`~alacarte.FeatureGP` with one simplex kernel.
         x, y: the training data the model was fitted on.
         level: about the expected number of irrelevant inputs kept (χ²₁ tail); in (0, d).
         refit_iter: L-BFGS iterations of each refit.
-        max_rounds: the most drop-and-refit rounds.
+        max_rounds: the most refits.
         draws: 0 asks the fitted feature draw; k > 0 asks k fresh draws of the kernel's random
             features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`, every learned parameter
-            kept) and uses the mean cost.  A weight fitted on one finite draw can fit that draw's
-            chance features, a gain that a fresh draw does not repeat.
+            kept) and uses the mean cost (and the mean re-entry gain of the inputs the fitted draw
+            would bring back).  A weight fitted on one finite draw can fit that draw's chance
+            features, a gain that a fresh draw does not repeat.
         seed: passed to the refits.
 
     Returns:
@@ -153,22 +224,39 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     seeds = _fresh_seeds(kernel, int(draws))
     if seeds:
         kernel._draw_buffers(seeds[0])  # refuses a kernel with a learned random state before any work
-    rounds = 0
+    varying = varying_columns(model.train_inputs[0]).reshape(-1).cpu()
+    rounds, entered = 0, []
     while True:
         costs = input_costs(model, kernel, seeds)
-        active = kernel.simplex_weights.detach().reshape(-1).cpu() > 0
-        idle = kernel.simplex_mask.reshape(-1).cpu() & ~active
-        if bool(idle.any()):  # worth 0 nats: held at 0, so that no refit hands them a chance weight
-            kernel.drop_inputs_(torch.nonzero(idle).reshape(-1))
-        weak = active & (costs < threshold)
-        if bool(weak.any()) and bool(weak.eq(active).all()):  # never the last input
-            weak[int(torch.argmax(torch.where(active, costs, torch.full_like(costs, -math.inf))))] = False
-        if not bool(weak.any()) or rounds >= max_rounds:
+        weak = _weak_inputs(kernel, costs, threshold)
+        if rounds >= max_rounds:
             break
-        kernel.drop_inputs_(torch.nonzero(weak).reshape(-1))
+        if bool(weak.any()):
+            kernel.drop_inputs_(torch.nonzero(weak).reshape(-1))
+        else:  # nothing to drop: ask the held inputs, each once, whether they are worth bringing back
+            held = ~kernel.simplex_mask.reshape(-1).cpu() & varying
+            ask = [j for j in torch.nonzero(held).reshape(-1).tolist() if j not in entered]
+            values = _entries(model, kernel, ask, seeds, threshold) if ask else {}
+            if not values:
+                break
+            _reenter(kernel, values)
+            entered += list(values)
         fit(model, x, y, max_iter=refit_iter, restarts=0, progress=False, seed=seed)
         rounds += 1
-    return InputSelection(kernel.selected().cpu(), costs, threshold, rounds)
+    return InputSelection(kernel.selected().cpu(), costs, threshold, rounds, entered)
+
+
+def _weak_inputs(kernel: torch.nn.Module, costs: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The inputs in use worth less than ``threshold`` (never all of them); inputs at weight 0 not yet
+    held are held first: worth 0 nats, and no refit should hand them a chance weight."""
+    active = kernel.simplex_weights.detach().reshape(-1).cpu() > 0
+    idle = kernel.simplex_mask.reshape(-1).cpu() & ~active
+    if bool(idle.any()):
+        kernel.drop_inputs_(torch.nonzero(idle).reshape(-1))
+    weak = active & (costs < threshold)
+    if bool(weak.any()) and bool(weak.eq(active).all()):  # never the last input
+        weak[int(torch.argmax(torch.where(active, costs, torch.full_like(costs, -math.inf))))] = False
+    return weak
 
 
 @dataclass
