@@ -464,7 +464,7 @@ def streamed_negative_mll(model, data: ChunkedData, *, backward: bool = True) ->
     ``zero_grad``); the returned loss is detached.
 
     Cost: two passes over the rows (features computed twice, ΦᵀΦ once as a
-    rank-k update, the adjoint once as a symmetric product) plus one D×D
+    rank-k update, the adjoint once as a GEMM) plus one D×D
     Cholesky; memory O(chunk·D + D²).  In data-parallel training the
     statistics are summed with one all-reduce and the parameter gradients with
     another; rank 0's parameters are broadcast before, its loss and gradient after.

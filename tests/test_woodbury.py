@@ -30,6 +30,32 @@ def test_statistics_and_their_gradients_equal_autograd_of_the_plain_formulas():
             assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_the_blas_gram_runs_on_torchs_thread_count(monkeypatch):
+    """scipy's BLAS would otherwise use every core while torch keeps to the threads it was given."""
+    from threadpoolctl import threadpool_info
+
+    from alacarte import woodbury
+
+    seen = []
+
+    def recording_syrk(*args, **kwargs):
+        seen.append({lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"})
+        return real(*args, **kwargs)
+
+    real = woodbury._SYRK[torch.float64]
+    monkeypatch.setitem(woodbury._SYRK, torch.float64, recording_syrk)
+    threads = torch.get_num_threads()
+    phi = torch.randn(40, 8, dtype=torch.float64)
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            gram = sufficient_statistics(phi, torch.zeros(40, dtype=torch.float64)).gram
+            assert torch.allclose(gram, phi.T @ phi, rtol=1e-13, atol=1e-13)
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [{1}, {2}]
+
+
 def test_gradcheck_of_the_likelihood():
     phi = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
     r = torch.randn(12, dtype=torch.float64, requires_grad=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from .._allocator import reuse_freed_memory
 from .._checkpoint import FitCheckpoint, checkpoint_path, data_fingerprint, model_fingerprint
 from .._validation import (
     check_bool,
@@ -182,7 +183,8 @@ def fit(
         }
         store = FitCheckpoint(checkpoint, key, data.chunked)
     total = max_iter + restarts * restart_iter
-    with tqdm(total=total, disable=not progress, desc="fit", leave=False) as bar, collect_jitter() as jitters:
+    with (tqdm(total=total, disable=not progress, desc="fit", leave=False) as bar, collect_jitter() as jitters,
+          reuse_freed_memory()):
         history = Training(
             model, *data.fit_rows, data.initial, data.chunked,
             optimizer=optimizer, max_iter=max_iter, restarts=restarts, restart_iter=restart_iter, lr=lr,
