@@ -114,8 +114,7 @@ def _benchmark_fit(n: int, rep: int, num_samples: int | None = None):
 
 @torch.no_grad()
 def _total_loss(model, kernel, gamma) -> float:
-    kernel.simplex_weights.copy_(gamma / gamma.sum())
-    kernel.simplex_size = gamma.sum()
+    kernel._set_simplex_gamma(gamma)
     x, y = model.train_inputs[0], model.train_targets
     with model.inference_settings():
         return float(negative_mll(model, x, y, backward=False)) * len(y)

@@ -289,11 +289,16 @@ class FeatureKernel(Kernel):
         gamma = shaped_like("lengthscale", gamma, ref)
         if not bool(torch.isfinite(gamma).all()) or not bool((gamma >= 0).all()) or not bool((gamma.sum(-1) > 0).all()):
             raise ValueError("lengthscales must be positive (∞ allowed for dropped inputs, not all of them)")
+        self._set_simplex_gamma(gamma)
+
+    @torch.no_grad()
+    def _set_simplex_gamma(self, gamma: Tensor) -> None:
+        """π = γ/Σγ and, where c is learnable, c = Σγ (with c fixed only γ's direction is kept).
+        ``gamma``: (*batch, 1, d), non-negative, not all 0 (unchecked)."""
         total = gamma.sum(-1, keepdim=True)
-        with torch.no_grad():
-            self.simplex_weights.copy_(gamma / total)
+        self.simplex_weights.copy_(gamma / total)
         if self.raw_simplex_size.requires_grad:
-            self.simplex_size = total
+            self.simplex_size = total.reshape(self.simplex_size.shape)
 
     def inverse_lengthscale(self) -> Tensor:
         """γ = 1/ℓ, shape ``(*batch, 1, d)`` (or ``(*batch, 1, 1)`` isotropic); c·π for simplex kernels."""

@@ -21,8 +21,9 @@ kernel's random directions, every fitted parameter kept, where only the kernel's
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,29 +84,33 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module, draws: Sequence[int
 
 def _costs_on_draw(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
     x, y = model.train_inputs[0], model.train_targets
-    pi, size = kernel.simplex_weights.detach().clone(), kernel.simplex_size.detach().clone()
-    learn = kernel.raw_simplex_size.requires_grad
+    gamma = kernel.inverse_lengthscale().detach().clone()
     costs = torch.zeros(kernel.num_dims, dtype=torch.float64)
     model.train()
-    with model.inference_settings():
+    with model.inference_settings(), _restored_weights(kernel):
         base = float(negative_mll(model, x, y, backward=False))
-        try:
-            for j in torch.nonzero(pi.reshape(-1) > 0).reshape(-1).tolist():
-                trial = pi.clone()
-                trial[..., j] = 0
-                kept = float(trial.sum())
-                if kept <= 0:
-                    costs[j] = math.inf
-                    continue
-                kernel.simplex_weights.copy_(trial / kept)
-                if learn:  # the others keep their γ
-                    kernel.simplex_size = size * kept
-                costs[j] = (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
-        finally:
-            kernel.simplex_weights.copy_(pi)
-            if learn:
-                kernel.simplex_size = size
+        for j in torch.nonzero(gamma.reshape(-1) > 0).reshape(-1).tolist():
+            trial = gamma.clone()
+            trial[..., j] = 0
+            if float(trial.sum()) <= 0:
+                costs[j] = math.inf
+                continue
+            kernel._set_simplex_gamma(trial)  # the others keep their γ (their direction, with c fixed)
+            costs[j] = (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
     return costs
+
+
+@contextlib.contextmanager
+def _restored_weights(kernel: torch.nn.Module) -> Iterator[None]:
+    """The simplex kernel's π and c as they were on entry, whatever is tried within."""
+    pi, size = kernel.simplex_weights.detach().clone(), kernel.simplex_size.detach().clone()
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            kernel.simplex_weights.copy_(pi)
+        if kernel.raw_simplex_size.requires_grad:
+            kernel.simplex_size = size
 
 
 def _fresh_seeds(kernel: torch.nn.Module, draws: int) -> list[int]:
@@ -118,36 +123,24 @@ def _fresh_seeds(kernel: torch.nn.Module, draws: int) -> list[int]:
 ENTRY_SCALES = (0.25, 0.5, 1.0)
 
 
-def _set_gamma(kernel: torch.nn.Module, gamma: torch.Tensor) -> None:
-    kernel.simplex_weights.copy_(gamma / gamma.sum())
-    if kernel.raw_simplex_size.requires_grad:
-        kernel.simplex_size = gamma.sum().reshape(kernel.simplex_size.shape)
-
-
 @torch.no_grad()
 def entry_gains(model: "FeatureGP", kernel: torch.nn.Module, inputs: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per input of ``inputs`` (at weight 0): the largest fall of the total negative log marginal
     likelihood (nats) when it alone re-enters at γ_j = q · (median γ in use), q in
     :data:`ENTRY_SCALES`, nothing refitted; and that γ_j.  Shapes ``(len(inputs),)``."""
     x, y = model.train_inputs[0], model.train_targets
-    pi, size = kernel.simplex_weights.detach().clone(), kernel.simplex_size.detach().clone()
     gamma = kernel.inverse_lengthscale().detach().clone()
     reference = float(gamma.reshape(-1)[gamma.reshape(-1) > 0].median())
     table = torch.full((len(inputs), len(ENTRY_SCALES)), -math.inf, dtype=torch.float64)
     model.train()
-    with model.inference_settings():
+    with model.inference_settings(), _restored_weights(kernel):
         base = float(negative_mll(model, x, y, backward=False))
-        try:
-            for a, j in enumerate(inputs):
-                for b, q in enumerate(ENTRY_SCALES):
-                    trial = gamma.clone()
-                    trial[..., j] = q * reference
-                    _set_gamma(kernel, trial)
-                    table[a, b] = (base - float(negative_mll(model, x, y, backward=False))) * len(y)
-        finally:
-            kernel.simplex_weights.copy_(pi)
-            if kernel.raw_simplex_size.requires_grad:
-                kernel.simplex_size = size
+        for a, j in enumerate(inputs):
+            for b, q in enumerate(ENTRY_SCALES):
+                trial = gamma.clone()
+                trial[..., j] = q * reference
+                kernel._set_simplex_gamma(trial)
+                table[a, b] = (base - float(negative_mll(model, x, y, backward=False))) * len(y)
     best, at = table.max(1) if len(inputs) else (table[:, 0], torch.zeros(0, dtype=torch.long))
     return best, torch.tensor(ENTRY_SCALES, dtype=torch.float64)[at] * reference
 
@@ -174,7 +167,7 @@ def _reenter(kernel: torch.nn.Module, values: dict[int, float]) -> None:
     kernel.simplex_mask[..., index] = True
     gamma = kernel.inverse_lengthscale().detach().clone()
     gamma[..., index] = torch.tensor(list(values.values()), dtype=gamma.dtype, device=gamma.device)
-    _set_gamma(kernel, gamma)
+    kernel._set_simplex_gamma(gamma)
 
 
 def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: int = 30, max_rounds: int = 8,
