@@ -294,7 +294,7 @@ class FeatureKernel(Kernel):
     @torch.no_grad()
     def _set_simplex_gamma(self, gamma: Tensor) -> None:
         """π = γ/Σγ and, where c is learnable, c = Σγ (with c fixed only γ's direction is kept).
-        ``gamma``: (*batch, 1, d), non-negative, not all 0 (unchecked)."""
+        ``gamma``: ``(*batch, 1, d)``, non-negative, not all 0 (unchecked)."""
         total = gamma.sum(-1, keepdim=True)
         self.simplex_weights.copy_(gamma / total)
         if self.raw_simplex_size.requires_grad:
