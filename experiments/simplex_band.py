@@ -44,7 +44,7 @@ def fit_and_score(data, split: int, held_out: bool) -> dict:
         warnings.simplefilter("ignore")
         ac.fit(model, x[kept], y[kept], max_iter=settings["max_iter"], restarts=settings["restarts"],
                restart_iter=10, progress=False, seed=split, validation_fraction=0)
-        select_inputs(model, x[kept], y[kept], seed=split)
+        select_inputs(model, x[kept], y[kept], seed=split, draws=0)
     if held is not None:
         held = np.asarray(held)
         inputs = lambda a: model.internal_query_inputs(torch.as_tensor(a))  # noqa: E731

@@ -182,6 +182,7 @@ class FeatureKernelTestCase(BaseKernelTestCase):
                 param.add_(0.1 * torch.randn_like(param))
         x = torch.randn(10, 3)
         own = kernel.features(x)
+        self.assertEqual(kernel.redrawable, self.redraws)
         if not self.redraws:
             with self.assertRaisesRegex(ValueError, "draw"), kernel.redrawn(5):
                 pass

@@ -493,17 +493,27 @@ def test_select_inputs_brings_back_a_relevant_input_held_at_zero(draws, single_t
     assert error < 0.05
 
 
-def test_select_inputs_refuses_bad_draws(single_thread):
-    from alacarte.selection.evidence import select_inputs
+def test_select_inputs_draws_by_default_where_the_kernel_can_and_refuses_bad_draws(single_thread, monkeypatch):
+    from alacarte.selection import evidence
+    from alacarte.selection.evidence import FRESH_DRAWS, select_inputs
 
+    asked = []
+    real = evidence.input_costs
+    monkeypatch.setattr(evidence, "input_costs", lambda model, kernel, draws=(): asked.append(len(draws)) or
+                        real(model, kernel, draws))
     rng = np.random.default_rng(0)
     x = rng.standard_normal((60, 3))
     y = np.sin(x[:, 0])
-    for cls in (ac.FSARDKernel, ac.FSGBARDKernel):
+    for cls, default in ((ac.FSARDKernel, FRESH_DRAWS), (ac.FSGBARDKernel, 0)):
         model = ac.FeatureGP(None, None, cls(3, 16, ard_num_dims=3, simplex=True, seed=0)).double()
         ac.fit(model, x, y, max_iter=3, restarts=0, progress=False)
-        with pytest.raises(ValueError, match="draws"):
-            select_inputs(model, x, y, draws=-1)
+        assert model.covar_module.redrawable == bool(default)
+        asked.clear()
+        select_inputs(model, x, y, refit_iter=2, max_rounds=1)
+        assert asked and set(asked) == {default}
+        for bad in (-1, "all"):
+            with pytest.raises(ValueError, match="draws"):
+                select_inputs(model, x, y, draws=bad)
     with pytest.raises(ValueError, match="learns its Fastfood blocks"):
         select_inputs(model, x, y, draws=2)
 

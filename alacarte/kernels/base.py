@@ -232,6 +232,15 @@ class FeatureKernel(Kernel):
         """The random buffers (not learned parameters) that a draw from ``seed`` gives."""
         raise ValueError(f"{type(self).__name__} has no random draw apart from its learned parameters")
 
+    @property
+    def redrawable(self) -> bool:
+        """Whether :meth:`redrawn` can draw fresh random features: not where the random state is learned."""
+        try:
+            self._draw_buffers(0)
+        except ValueError:
+            return False
+        return True
+
     @contextmanager
     def redrawn(self, seed: int) -> Iterator["FeatureKernel"]:
         """Within the block, the kernel's random buffers (its directions and fixed radii) as a

@@ -170,8 +170,12 @@ def _reenter(kernel: torch.nn.Module, values: dict[int, float]) -> None:
     kernel._set_simplex_gamma(gamma)
 
 
+#: Fresh feature draws ``select_inputs(draws="auto")`` asks for a kernel that can redraw its features.
+FRESH_DRAWS = 4
+
+
 def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: int = 30, max_rounds: int = 8,
-                  draws: int = 0, seed: int | None = 0) -> InputSelection:
+                  draws: int | str = "auto", seed: int | None = 0) -> InputSelection:
     r"""Drop the inputs of a fitted simplex-ARD GP that the marginal likelihood does not need.
 
     Call after :func:`alacarte.fit` on the same ``x``, ``y``.  Each round drops every input whose
@@ -193,7 +197,8 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
             features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`, every learned parameter
             kept) and uses the mean cost (and the mean re-entry gain of the inputs the fitted draw
             would bring back).  A weight fitted on one finite draw can fit that draw's chance
-            features, a gain that a fresh draw does not repeat.
+            features, a gain that a fresh draw does not repeat.  ``"auto"`` (default):
+            :data:`FRESH_DRAWS` where the kernel can redraw its features, else 0 (FSGBARD learns them).
         seed: passed to the refits.
 
     Returns:
@@ -208,9 +213,11 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     d = kernel.num_dims
     if not 0 < level < d:
         raise ValueError(f"level must lie in (0, {d}), got {level!r}")
-    if int(refit_iter) < 1 or int(max_rounds) < 0 or int(draws) < 0:
-        raise ValueError(f"refit_iter must be ≥ 1 and max_rounds, draws ≥ 0, got {refit_iter!r}, {max_rounds!r}, "
-                         f"{draws!r}")
+    if draws == "auto":
+        draws = FRESH_DRAWS if kernel.redrawable else 0
+    if isinstance(draws, str) or int(refit_iter) < 1 or int(max_rounds) < 0 or int(draws) < 0:
+        raise ValueError(f"refit_iter must be ≥ 1, max_rounds ≥ 0 and draws ≥ 0 or 'auto', got {refit_iter!r}, "
+                         f"{max_rounds!r}, {draws!r}")
     if model.train_inputs is None:
         raise ValueError("select_inputs needs a fitted model: call alacarte.fit(model, x, y) first")
     threshold = math.log(d / level)
