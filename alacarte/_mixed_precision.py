@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics
+from .woodbury import SufficientStatistics, statistics_adjoint, sufficient_statistics, symmetrized_
 
 __all__ = ["BLOCK_ROWS", "MIN_NOISE", "PANEL_COLUMNS", "float32_products", "chunk_statistics", "chunk_adjoint",
            "mixed_statistics", "mixed_adjoint"]
@@ -71,8 +71,7 @@ def mixed_statistics(phi: Tensor, r: Tensor, dtype: torch.dtype = torch.float64,
         _add_upper_gram_(upper, phi[rows])
         # Exact float64 products: a float32 Φᵀr moved the loss ~5× more than a float32 ΦᵀΦ.
         phi_r += r[rows].to(dtype) @ wide
-    gram = upper.triu() + upper.triu(1).transpose(0, 1)
-    return SufficientStatistics(gram, phi_r, r.to(dtype).square().sum(), n)
+    return SufficientStatistics(symmetrized_(upper), phi_r, r.to(dtype).square().sum(), n)
 
 
 def _widened_blocks(phi: Tensor, block_rows: int, dtype: torch.dtype) -> Iterator[tuple[slice, Tensor]]:

@@ -56,6 +56,16 @@ def test_the_blas_gram_runs_on_torchs_thread_count(monkeypatch):
     assert seen == [{1}, {2}]
 
 
+@pytest.mark.parametrize("size", [1, 5, 128, 129, 300])
+def test_symmetrized_copies_the_upper_triangle_below_it(size):
+    from alacarte.woodbury import symmetrized_
+
+    upper = torch.randn(size, size, dtype=torch.float64)
+    expected = upper.triu() + upper.triu(1).transpose(0, 1)
+    result = symmetrized_(upper.clone())
+    assert torch.equal(result, expected)
+
+
 def test_gradcheck_of_the_likelihood():
     phi = torch.randn(12, 5, dtype=torch.float64, requires_grad=True)
     r = torch.randn(12, dtype=torch.float64, requires_grad=True)
