@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "Test RMSE, mean ± std over our replications (count in brackets; the paper used 30),",
         "beside the SRFF paper's value (Gregorová et al. 2018, Tables 2–6, mean (std) over 30).",
+        "*NLPD* (mean negative log predictive density of the test targets) and *cov. 95%* (the share of them",
+        "inside the central 95% predictive interval): GPs only, over the replications that recorded them.",
         "*exact*: share of replications whose selected set (inputs with non-zero weight) is exactly the",
         "relevant set; *rel. mass*: mean share of the (absolute) relevance on the relevant inputs. The paper's",
         "Table 2 prints SPAM's RMSE as 0.0287 (std 0.009, a model that 'predicts the mean'): a typo for",
@@ -113,14 +115,14 @@ def main(argv: list[str] | None = None) -> None:
             methods = sorted({k[2] for k in cells if k[:2] == (problem, n)}, key=method_key)
             paper_methods = sorted({k[2] for k in paper if k[:2] == (problem, n)} - set(methods), key=method_key)
             lines += [f"## {problem.upper()}, n = {n:,}", "",
-                      "| method | ours: RMSE | paper: RMSE | ratio | exact | rel. mass | train s |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| method | ours: RMSE | paper: RMSE | ratio | NLPD | cov. 95% | exact | rel. mass | train s |",
+                      "|---|---|---|---|---|---|---|---|---|"]
             for m in methods + paper_methods:
                 ref = paper.get((problem, n, m))
                 ref_text = f"{ref[0]:.3f} ({ref[1]:.3f})" if ref else "—"
                 group = cells.get((problem, n, m), [])
                 if not group:
-                    lines.append(f"| {m} | not run | {ref_text} | | | | |")
+                    lines.append(f"| {m} | not run | {ref_text} | | | | | | |")
                     continue
                 rmse = np.array([float(r["rmse"]) for r in group])
                 ours = f"{rmse.mean():.3f} ± {rmse.std(ddof=1) if len(rmse) > 1 else 0:.3f} ({len(rmse)})"
@@ -134,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
                     masses = [v[sorted(RELEVANT[problem])].sum() / v.sum() if v.sum() > 0 else 0.0 for v in vectors]
                     mass = f"{np.mean(masses):.2f}" if masses else ""
                 seconds = np.mean([float(r["train_seconds"]) for r in group])
-                lines.append(f"| {m} | {ours} | {ref_text} | {ratio} | {exact} | {mass} | {seconds:.0f} |")
+                nlpd, coverage = _predictive_columns(group)
+                lines.append(f"| {m} | {ours} | {ref_text} | {ratio} | {nlpd} | {coverage} | {exact} | {mass} | "
+                             f"{seconds:.0f} |")
             lines.append("")
     lines += goals(cells, paper)
     figure = relevance_figure(cells, out.with_name("selection_relevance.png"))
@@ -144,6 +148,17 @@ def main(argv: list[str] | None = None) -> None:
                   "relevant inputs in orange — compare the SRFF paper's Fig. 1.", ""]
     out.write_text("\n".join(lines))
     print(f"wrote {out}")
+
+
+def _predictive_columns(group: list[dict]) -> tuple[str, str]:
+    """Mean NLPD and 95% coverage over the rows that have them (a GP's; rows from before the benchmark
+    recorded them have none), with their count where it is not every row's."""
+    scored = [r for r in group if r.get("nlpd")]
+    if not scored:
+        return "", ""
+    count = "" if len(scored) == len(group) else f" ({len(scored)})"
+    return (f"{np.mean([float(r['nlpd']) for r in scored]):.3f}{count}",
+            f"{np.mean([float(r['coverage95']) for r in scored]):.3f}{count}")
 
 
 def goals(cells, paper) -> list[str]:
