@@ -1,14 +1,16 @@
 """The simplex-ARD GP's predictive band: the marginal likelihood's, or set on rows held out of the fit
 (docs/calibration.md).
 
-    python experiments/simplex_band.py OUT.jsonl DATASETS
+    python experiments/simplex_band.py OUT.jsonl DATASETS [MODES]
     e.g. python experiments/simplex_band.py experiments/results/simplex_band.jsonl yacht,autompg,housing
 
 Per dataset and UCI split 0–2, FSARD with ``simplex=True`` at ``selection_real.py``'s settings (seed =
 split), twice: ``all`` — ``fit`` and ``select_inputs`` on all training rows (today's default: a
 simplex kernel holds nothing out); ``calibrated`` — the same on a seeded 80% of the rows, then σ² and
 σ_f² set on the other 20% (:meth:`alacarte.holdout.HeldOut.calibrate`) and the posterior conditioned
-on all rows.  One JSON line per (dataset, split), appended.  One thread; data from ``$ALACARTE_DATA``.
+on all rows; ``loo`` — ``all``'s fit, then σ² and σ_f² set on every training row, each predicted from
+all the others (rows the fit saw).  MODES (comma-separated) defaults to ``all,calibrated``.  One JSON
+line per (dataset, split), appended.  One thread; data from ``$ALACARTE_DATA``.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 import alacarte as ac
 from alacarte.bench.scores import predictive_scores
 from alacarte.holdout import HeldOut, split_rows
+from alacarte.woodbury import sufficient_statistics
 from alacarte.selection import select_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,7 +34,17 @@ from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's ow
 from selection_real import gp_settings  # noqa: E402
 
 
-def fit_and_score(data, split: int, held_out: bool) -> dict:
+class _EveryRow(HeldOut):
+    """Every training row scored leave-one-out under the posterior of all the others."""
+
+    @torch.no_grad()
+    def _all_rows(self):
+        phi = self.model.covar_module.features(self.x)
+        return sufficient_statistics(phi, self.y - self.model.mean_module(self.x)), phi
+
+
+def fit_and_score(data, split: int, mode: str) -> dict:
+    held_out = mode == "calibrated"
     x, y = data.x_train, data.y_train
     n, d = x.shape
     settings = gp_settings(n, d)
@@ -52,6 +65,10 @@ def fit_and_score(data, split: int, held_out: bool) -> dict:
         model.train()
         HeldOut(model, inputs(x[held]), targets(y[held])).calibrate()
         model.set_train_data(inputs(x), targets(y), strict=False)
+    if mode == "loo":
+        model.train()
+        (inputs,) = model.train_inputs
+        _EveryRow(model, inputs, model.train_targets).calibrate()
     pred = model.predict(data.x_test)
     scores = predictive_scores(pred.mean.detach(), pred.observed_variance.detach(), torch.as_tensor(data.y_test))
     scores["selected"] = [int(i) for i in np.flatnonzero(kernel.relevance.detach().numpy().reshape(-1) > 0)]
@@ -61,13 +78,14 @@ def fit_and_score(data, split: int, held_out: bool) -> dict:
 
 def main() -> None:
     out, datasets = sys.argv[1], sys.argv[2].split(",")
+    modes = sys.argv[3].split(",") if len(sys.argv) > 3 else ["all", "calibrated"]
     torch.set_num_threads(1)
     for dataset in datasets:
         for split in range(3):
             data = ac.load_uci(dataset, split, os.environ.get("ALACARTE_DATA"))
             row = {"dataset": dataset, "split": split}
-            for mode in ("all", "calibrated"):
-                row[mode] = fit_and_score(data, split, mode == "calibrated")
+            for mode in modes:
+                row[mode] = fit_and_score(data, split, mode)
                 print(dataset, split, mode, round(row[mode]["nlpd"], 3), flush=True)
             append_row(out, row)
 
