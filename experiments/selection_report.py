@@ -26,7 +26,7 @@ from _csv_rows import read_rows  # noqa: E402  (experiments/, the script's own f
 RESULTS = ROOT / "experiments/results"
 PAPER = ROOT / "experiments/srff_paper_tables.csv"
 RELEVANT = {"se1": {0, 2, 6, 7, 8}, "se2": set(range(10, 15)), "se3": set(range(10))}
-ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-draws", "gp-fsard", "rffnet", "mean", "ridge",
+ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-wide", "gp-simplex-draws", "gp-fsard", "rffnet", "mean", "ridge",
          "lasso"]
 
 
