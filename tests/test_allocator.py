@@ -45,7 +45,9 @@ def test_a_freed_block_is_reused_within_and_mapped_afresh_before():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     outside, inside = map(float, result.stdout.split())
     assert outside > 0.9  # every block a fresh mapping: every page faults in
-    assert inside < 0.6  # a mean: glibc still maps some afresh (every other one under torch 2.6's allocator)
+    # A mean over 8 blocks: glibc still maps some afresh (0.12–0.25 of them under torch 2.13's allocator,
+    # 0.12–0.75 under torch 2.6's), none is reused outside.
+    assert inside < 0.9
 
 
 def test_the_memory_goes_back_when_the_last_use_exits():
