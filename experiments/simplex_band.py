@@ -1,15 +1,16 @@
 """The simplex-ARD GP's predictive band: the marginal likelihood's, or set on rows held out of the fit
 (docs/calibration.md).
 
-    python experiments/simplex_band.py OUT.jsonl DATASETS [MODES]
-    e.g. python experiments/simplex_band.py experiments/results/simplex_band.jsonl yacht,autompg,housing
+    python experiments/simplex_band.py OUT.jsonl DATASETS [MODES [DRAWS]]
+    e.g. python experiments/simplex_band.py experiments/results/simplex_band.jsonl yacht,autompg,housing all,calibrated 0
 
 Per dataset and UCI split 0–2, FSARD with ``simplex=True`` at ``selection_real.py``'s settings (seed =
 split), twice: ``all`` — ``fit`` and ``select_inputs`` on all training rows (today's default: a
 simplex kernel holds nothing out); ``calibrated`` — the same on a seeded 80% of the rows, then σ² and
 σ_f² set on the other 20% (:meth:`alacarte.holdout.HeldOut.calibrate`) and the posterior conditioned
 on all rows; ``loo`` — ``all``'s fit, then σ² and σ_f² set on every training row, each predicted from
-all the others (rows the fit saw).  MODES (comma-separated) defaults to ``all,calibrated``.  One JSON
+all the others (rows the fit saw).  MODES (comma-separated) defaults to ``all,calibrated``; DRAWS is
+``select_inputs``'s ``draws`` (default ``auto``; ``simplex_band.jsonl``'s rows are ``0``).  One JSON
 line per (dataset, split), appended.  One thread; data from ``$ALACARTE_DATA``.
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ class _EveryRow(HeldOut):
         return sufficient_statistics(phi, self.y - self.model.mean_module(self.x)), phi
 
 
-def fit_and_score(data, split: int, mode: str) -> dict:
+def fit_and_score(data, split: int, mode: str, draws) -> dict:
     held_out = mode == "calibrated"
     x, y = data.x_train, data.y_train
     n, d = x.shape
@@ -57,7 +58,7 @@ def fit_and_score(data, split: int, mode: str) -> dict:
         warnings.simplefilter("ignore")
         ac.fit(model, x[kept], y[kept], max_iter=settings["max_iter"], restarts=settings["restarts"],
                restart_iter=10, progress=False, seed=split, validation_fraction=0)
-        select_inputs(model, x[kept], y[kept], seed=split, draws=0)
+        select_inputs(model, x[kept], y[kept], seed=split, draws=draws)
     if held is not None:
         held = np.asarray(held)
         inputs = lambda a: model.internal_query_inputs(torch.as_tensor(a))  # noqa: E731
@@ -79,13 +80,15 @@ def fit_and_score(data, split: int, mode: str) -> dict:
 def main() -> None:
     out, datasets = sys.argv[1], sys.argv[2].split(",")
     modes = sys.argv[3].split(",") if len(sys.argv) > 3 else ["all", "calibrated"]
+    draws = sys.argv[4] if len(sys.argv) > 4 else "auto"
+    draws = draws if draws == "auto" else int(draws)
     torch.set_num_threads(1)
     for dataset in datasets:
         for split in range(3):
             data = ac.load_uci(dataset, split, os.environ.get("ALACARTE_DATA"))
             row = {"dataset": dataset, "split": split}
             for mode in modes:
-                row[mode] = fit_and_score(data, split, mode)
+                row[mode] = fit_and_score(data, split, mode, draws)
                 print(dataset, split, mode, round(row[mode]["nlpd"], 3), flush=True)
             append_row(out, row)
 
