@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 import torch
-from scipy.optimize import minimize_scalar
+from scipy.optimize import minimize, minimize_scalar
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
@@ -44,8 +44,8 @@ from .init import scale_signal, set_noise, signal_variance_parameter
 from .mll import homoskedastic_noise
 from .woodbury import NotPositiveDefiniteError, SufficientStatistics, WoodburyPosterior, sufficient_statistics
 
-__all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "SCALE_PRIOR_ROWS", "HeldOut", "check_fraction", "resolve_fraction",
-           "split_rows"]
+__all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "SCALE_PRIOR_ROWS", "HeldOut", "check_fraction",
+           "maximize_band_likelihood", "resolve_fraction", "scores_iterates", "split_rows"]
 
 #: The share of training rows a feature GP's fit holds out by default (docs/calibration.md).
 RECOMMENDED_FRACTION = 0.2
@@ -77,24 +77,31 @@ def check_fraction(fraction) -> float | str:
 def resolve_fraction(fraction, model, streamed: bool) -> float:
     """The share of rows a fit of ``model`` holds out: ``fraction`` itself, or for ``"auto"`` (the
     default of :func:`~alacarte.fit`, the estimator and the command line)
-    :data:`RECOMMENDED_FRACTION` for a feature GP with its rows in memory, and 0 — the marginal
-    likelihood of all rows — for an exact GP (no finite feature map to over-fit; it is the
-    reference the feature GPs are measured against), for streamed rows, and for a simplex-ARD
-    kernel (its exact zeros are where the likelihood's path ends: stopping early keeps weight
-    on irrelevant inputs).
+    :data:`RECOMMENDED_FRACTION` for a feature GP with its rows in memory (simplex-ARD kernels
+    included: :func:`scores_iterates` says what their rows do), and 0 — the marginal likelihood of
+    all rows — for an exact GP (no finite feature map to over-fit; it is the reference the
+    feature GPs are measured against) and for streamed rows.
 
     Raises:
         ValueError: for a fraction outside [0, 1), or a positive one with streamed rows.
     """
     fraction = check_fraction(fraction)
     if fraction == "auto":
-        kernel = model.covar_module
-        feature_gp = hasattr(kernel, "features") and not getattr(kernel, "simplex", False)
+        feature_gp = hasattr(model.covar_module, "features")
         return RECOMMENDED_FRACTION if feature_gp and not streamed else 0.0
     if fraction and streamed:
         raise ValueError("validation_fraction is for rows in memory; streamed data are fitted on all rows "
                          "(validation_fraction=0)")
     return fraction
+
+
+def scores_iterates(model) -> bool:
+    """Whether a fit's held-out rows choose its iterates (early stopping, restarts, the noise refit)
+    as well as set σ² and the band's scale at the end (:meth:`HeldOut.calibrate`).  Not for a
+    simplex-ARD kernel: its exact zeros are where the likelihood's path ends, and stopping early
+    keeps weight on irrelevant inputs, so the likelihood of the kept rows runs its course and
+    the held-out rows only set the band."""
+    return not getattr(model.covar_module, "simplex", False)
 
 
 def split_rows(n: int, fraction: float, seed: int | None) -> tuple[Tensor, Tensor] | None:
@@ -272,3 +279,55 @@ class HeldOut:
         set_noise(self.model, best[1] * scale)
         scale_signal(self.model, scale)
         return float(self.model.likelihood.noise.min()), scale
+
+
+@torch.no_grad()
+def maximize_band_likelihood(model) -> tuple[float, float] | None:
+    """Set σ² and an overall factor t of σ_f² where the marginal likelihood of the model's training
+    rows is highest, every other parameter kept: undoes :meth:`HeldOut.calibrate` where the
+    marginal likelihood must be read at its own optimum (the evidence of
+    :func:`~alacarte.selection.select_inputs`).
+
+    With ΦᵀΦ = U diag(λ) Uᵀ and b = UᵀΦᵀr of the rows at the current parameters, the negative log
+    likelihood of σ² and t is, up to a constant,
+    ½[(n − D) log σ² + Σᵢ log(tλᵢ + σ²) + (rᵀr − Σᵢ t bᵢ²/(tλᵢ + σ²))/σ²]: one eigendecomposition,
+    then O(D) per trial.
+
+    Returns:
+        (σ², t) as set, or ``None`` (the model left alone) for a model without explicit features
+        or with σ² or σ_f² not trained.
+    """
+    noise_covar = model.likelihood.noise_covar
+    signal = signal_variance_parameter(model)
+    features = getattr(model.covar_module, "features", None)
+    if features is None or not noise_covar.raw_noise.requires_grad or signal is None or not signal[0].requires_grad:
+        return None
+    (x,) = model.train_inputs
+    statistics = sufficient_statistics(features(x), model.train_targets - model.mean_module(x))
+    eigenvalues, vectors = torch.linalg.eigh(statistics.gram.double())
+    eigenvalues = eigenvalues.clamp_min(0).cpu().numpy()
+    projections = (vectors.T @ statistics.phi_r.double()).cpu().numpy() ** 2
+    r_r, n, d = float(statistics.r_r), statistics.n, statistics.num_features
+
+    def loss_and_gradient(log_values: np.ndarray) -> tuple[float, np.ndarray]:
+        factor, noise = np.exp(log_values)
+        spectrum = factor * eigenvalues
+        total = spectrum + noise
+        explained = factor * projections / total
+        residual = r_r - float(np.sum(explained))
+        loss = 0.5 * ((n - d) * log_values[1] + float(np.sum(np.log(total))) + residual / noise)
+        fitted = float(np.sum(explained / total))
+        gradient = 0.5 * np.array([float(np.sum(spectrum / total)) - fitted,
+                                   (n - d) + float(np.sum(noise / total)) + fitted - residual / noise])
+        return loss, gradient
+
+    constraint = noise_covar.raw_noise_constraint
+    low = math.log(max(1e-12, 2 * float(constraint.lower_bound)))
+    high = math.log(float(constraint.upper_bound)) if math.isfinite(float(constraint.upper_bound)) else None
+    start = np.array([0.0, math.log(float(model.likelihood.noise.min()))])
+    found = minimize(loss_and_gradient, start, jac=True, method="L-BFGS-B", bounds=[(-20.0, 20.0), (low, high)],
+                     options={"ftol": 1e-14, "gtol": 1e-9})
+    factor, noise = (float(v) for v in np.exp(found.x))
+    set_noise(model, noise)
+    scale_signal(model, factor)
+    return float(model.likelihood.noise.min()), factor

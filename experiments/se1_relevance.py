@@ -41,6 +41,7 @@ N = 10000
 
 
 def _fit(model, x, y, seed, **options):
+    options.setdefault("validation_fraction", 0)  # the evidence of all rows, as select_inputs reads it here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return ac.fit(model, x, y, progress=False, seed=seed, **options)
@@ -84,7 +85,7 @@ def reentry(out, reps: list[int]) -> None:
                              seconds=round(time.time() - start, 1)))
 
         _fit(model, x, y, seed, max_iter=s["max_iter"], restarts=s["restarts"], restart_iter=10)
-        select_inputs(model, x, y, seed=seed, draws=0)
+        select_inputs(model, x, y, seed=seed, draws=0, validation_fraction=0)
         stage("benchmark", _fit(model, x, y, seed, max_iter=1, restarts=0))  # (its loss at the selection)
         with torch.no_grad():
             zero = ~kernel.simplex_mask.reshape(-1).clone()
@@ -93,7 +94,7 @@ def reentry(out, reps: list[int]) -> None:
             pi.reshape(-1)[zero] = 0.25 / d
             kernel.simplex_weights.copy_(pi / pi.sum())
         stage("re-entered, refitted", _fit(model, x, y, seed, max_iter=100, restarts=0))
-        select_inputs(model, x, y, seed=seed, draws=0)
+        select_inputs(model, x, y, seed=seed, draws=0, validation_fraction=0)
         stage("re-entered, selected", _fit(model, x, y, seed, max_iter=1, restarts=0))
 
 
@@ -123,7 +124,7 @@ def _total_loss(model, kernel, gamma) -> float:
 def scan(out, reps: list[int], n: int) -> None:
     for rep in reps:
         model, kernel, x, y, seed = _benchmark_fit(n, rep)
-        select_inputs(model, x, y, seed=seed, draws=0)
+        select_inputs(model, x, y, seed=seed, draws=0, validation_fraction=0)
         model.train()
         gamma = kernel.inverse_lengthscale().detach().clone()
         active = gamma.reshape(-1) > 0
@@ -156,7 +157,7 @@ def fresh(out, reps: list[int], n: int, num_samples: int | None) -> None:
                         round(float(stacked[:, j].std()), 1)] for j in kernel.selected().tolist()}
 
         after_fit = costs()
-        select_inputs(model, x, y, seed=seed, draws=0)
+        select_inputs(model, x, y, seed=seed, draws=0, validation_fraction=0)
         _write(out, dict(part="fresh", n=n, rep=rep, num_samples=kernel.num_samples, after_fit=after_fit,
                          after_select=costs()))
 

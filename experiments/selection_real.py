@@ -63,8 +63,8 @@ def fit_selected(x: np.ndarray, y: np.ndarray, seed: int, select_draws: int = 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         ac.fit(model, x, y, max_iter=settings["max_iter"], restarts=settings["restarts"], restart_iter=10,
-               progress=False, seed=seed)
-        select_inputs(model, x, y, seed=seed, draws=select_draws)
+               progress=False, seed=seed, validation_fraction=0)
+        select_inputs(model, x, y, seed=seed, draws=select_draws, validation_fraction=0)
     return model
 
 

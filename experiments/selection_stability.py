@@ -47,7 +47,8 @@ def run(args) -> None:
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            found = selection_frequency(build, x, y, seeds=[seed], max_iter=100, restarts=2, restart_iter=10)
+            found = selection_frequency(build, x, y, seeds=[seed], max_iter=100, restarts=2, restart_iter=10,
+                                        validation_fraction=0)
         row = {"problem": args.problem, "n": args.n, "seed": seed, "relevant": list(relevant),
                "selected": found.selections[0].tolist(), "seconds": round(time.perf_counter() - start, 1),
                "threads": torch.get_num_threads()}

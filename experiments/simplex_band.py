@@ -5,10 +5,12 @@
     e.g. python experiments/simplex_band.py experiments/results/simplex_band.jsonl yacht,autompg,housing all,calibrated 0
 
 Per dataset and UCI split 0–2, FSARD with ``simplex=True`` at ``selection_real.py``'s settings (seed =
-split), twice: ``all`` — ``fit`` and ``select_inputs`` on all training rows (today's default: a
-simplex kernel holds nothing out); ``calibrated`` — the same on a seeded 80% of the rows, then σ² and
+split), in each mode: ``all`` — ``fit`` and ``select_inputs`` on all training rows
+(``validation_fraction=0``); ``calibrated`` — the same on a seeded 80% of the rows, then σ² and
 σ_f² set on the other 20% (:meth:`alacarte.holdout.HeldOut.calibrate`) and the posterior conditioned
-on all rows; ``loo`` — ``all``'s fit, then σ² and σ_f² set on every training row, each predicted from
+on all rows; ``default`` — ``fit`` and ``select_inputs`` at their defaults, which do what
+``calibrated`` does by hand (the fit's own split; inputs and targets standardised on all rows);
+``loo`` — ``all``'s fit, then σ² and σ_f² set on every training row, each predicted from
 all the others (rows the fit saw).  MODES (comma-separated) defaults to ``all,calibrated``; DRAWS is
 ``select_inputs``'s ``draws`` (default ``auto``; ``simplex_band.jsonl``'s rows are ``0``).  One JSON
 line per (dataset, split), appended.  One thread; data from ``$ALACARTE_DATA``.
@@ -54,11 +56,12 @@ def fit_and_score(data, split: int, mode: str, draws) -> dict:
     model = ac.FeatureGP(None, None, kernel).double()
     kept, held = split_rows(n, 0.2, split) if held_out else (np.arange(n), None)
     kept = np.asarray(kept)
+    fraction = "auto" if mode == "default" else 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ac.fit(model, x[kept], y[kept], max_iter=settings["max_iter"], restarts=settings["restarts"],
-               restart_iter=10, progress=False, seed=split, validation_fraction=0)
-        select_inputs(model, x[kept], y[kept], seed=split, draws=draws)
+               restart_iter=10, progress=False, seed=split, validation_fraction=fraction)
+        select_inputs(model, x[kept], y[kept], seed=split, draws=draws, validation_fraction=fraction)
     if held is not None:
         held = np.asarray(held)
         inputs = lambda a: model.internal_query_inputs(torch.as_tensor(a))  # noqa: E731

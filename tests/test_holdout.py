@@ -12,7 +12,18 @@ import torch
 
 import alacarte as ac
 from alacarte.factory import make_model
-from alacarte.holdout import MAX_ROWS, RECOMMENDED_FRACTION, SCALE_PRIOR_ROWS, HeldOut, check_fraction, resolve_fraction, split_rows
+from alacarte.holdout import (
+    MAX_ROWS,
+    RECOMMENDED_FRACTION,
+    SCALE_PRIOR_ROWS,
+    HeldOut,
+    check_fraction,
+    maximize_band_likelihood,
+    resolve_fraction,
+    scores_iterates,
+    split_rows,
+)
+from alacarte.training import negative_mll
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "uci"
 
@@ -53,7 +64,8 @@ def test_auto_holds_out_rows_for_feature_gps_in_memory_only():
     assert resolve_fraction("auto", feature, streamed=False) == RECOMMENDED_FRACTION
     assert resolve_fraction("auto", feature, streamed=True) == 0.0
     assert resolve_fraction("auto", exact, streamed=False) == 0.0
-    assert resolve_fraction("auto", simplex, streamed=False) == 0.0
+    assert resolve_fraction("auto", simplex, streamed=False) == RECOMMENDED_FRACTION
+    assert scores_iterates(feature) and scores_iterates(exact) and not scores_iterates(simplex)
     assert resolve_fraction(0.3, exact, streamed=False) == 0.3
     with pytest.raises(ValueError, match="streamed data are fitted on all rows"):
         resolve_fraction(0.2, feature, streamed=True)
@@ -107,6 +119,54 @@ def test_a_fit_with_held_out_rows_keeps_its_best_iterate_and_conditions_on_every
     again.set_train_data(*model.standardize(x, y), strict=False)
     again.eval()
     assert torch.allclose(again.predict(x).mean, model.predict(x).mean, rtol=1e-12, atol=1e-12)
+
+
+def simplex_model(d=3, num_samples=32):
+    return ac.FeatureGP(None, None, ac.FSARDKernel(d, num_samples, ard_num_dims=d, simplex=True, seed=0)).double()
+
+
+def test_a_simplex_fit_runs_the_kept_rows_likelihood_to_its_end_and_holds_rows_out_for_the_band():
+    """A simplex-ARD kernel's held-out rows choose no iterate (its zeros are where the likelihood's path
+    ends): unstandardised and without restarts, its path is loss for loss that of the marginal likelihood
+    of the kept rows alone, π ends identical, and only σ² and σ_f² differ: set on the held-out rows."""
+    x, y = data(n=300, d=5, noise=0.2)
+    kept, _ = split_rows(300, RECOMMENDED_FRACTION, 0)
+    options = dict(max_iter=60, restarts=0, standardize=False, progress=False, seed=0)
+    alone, held = simplex_model(5), simplex_model(5)
+    reference = ac.fit(alone, x[kept], y[kept], validation_fraction=0, **options)
+    history = ac.fit(held, x, y, **options)
+    assert history.held_out_rows == 60 and history.validation_loss == [] and history.best_iteration is None
+    assert history.loss == reference.loss
+    pi = held.covar_module.simplex_weights
+    assert torch.equal(pi, alone.covar_module.simplex_weights) and bool((pi == 0).any())
+    assert float(held.likelihood.noise) == pytest.approx(history.held_out_noise, rel=1e-12)
+    assert float(held.likelihood.noise) != pytest.approx(float(alone.likelihood.noise), rel=1e-3)
+    assert held.train_inputs[0].shape[0] == 300  # the posterior is of all rows
+
+
+def test_the_band_likelihoods_maximum_is_the_marginal_likelihoods_in_sigma_and_signal():
+    """After :func:`maximize_band_likelihood` the gradient of the model's own Woodbury loss in σ² and σ_f²
+    vanishes (autograd, not the closed form), and it undoes the held-out calibration of a converged fit:
+    σ² and σ_f² return to where the marginal likelihood of the kept rows alone put them."""
+    x, y = data(n=200, noise=0.2)
+    kept, _ = split_rows(200, RECOMMENDED_FRACTION, 0)
+    options = dict(max_iter=1000, restarts=0, standardize=False, progress=False, seed=0, tolerance=1e-12)
+    alone, held = simplex_model(num_samples=16), simplex_model(num_samples=16)
+    ac.fit(alone, x[kept], y[kept], validation_fraction=0, **options)
+    ac.fit(held, x, y, **options)
+    held.set_train_data(x[kept], y[kept], strict=False)
+    noise, factor = maximize_band_likelihood(held)
+    assert noise == pytest.approx(float(alone.likelihood.noise), rel=2e-3)
+    signal = float(held.covar_module.outputscale)
+    assert signal == pytest.approx(float(alone.covar_module.outputscale), rel=2e-3) and factor != pytest.approx(1, rel=1e-2)
+    held.train()
+    raw = [held.likelihood.noise_covar.raw_noise, held.covar_module.raw_outputscale]
+    with held.inference_settings():
+        gradients = torch.autograd.grad(negative_mll(held, x[kept], y[kept], backward=False), raw)
+    assert max(float(g.abs().max()) for g in gradients) < 1e-7
+    # A model without a trained noise is left alone.
+    held.likelihood.noise_covar.raw_noise.requires_grad_(False)
+    assert maximize_band_likelihood(held) is None and float(held.covar_module.outputscale) == signal
 
 
 def test_a_fit_scores_its_iterates_from_the_likelihoods_statistics(monkeypatch):

@@ -524,8 +524,8 @@ def test_selection_frequency_counts_each_draws_selection(single_thread):
     from alacarte.selection import selection_frequency
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((300, 6))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(300)
+    x = rng.standard_normal((400, 6))
+    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
     built = []
 
     def build(seed):
@@ -562,3 +562,48 @@ def test_dropped_inputs_stay_at_zero_through_a_fit(single_thread):
         kernel.drop_inputs_([4])
     with pytest.raises(ValueError, match="simplex kernel"):
         ac.FSARDKernel(4, 16, ard_num_dims=4).drop_inputs_([0])
+
+
+def test_select_inputs_reads_the_evidence_on_the_rows_the_fit_kept_at_the_likelihoods_band(single_thread, monkeypatch):
+    """Where the fit held rows out to set the band, every cost is read on the kept rows (those of the
+    fit's seeded split) at the marginal likelihood's own σ² and σ_f² there, not the band's: shuffling
+    the held-out rows' targets among themselves changes neither the selection nor π.  The model ends
+    on all rows, with the band the last refit set on the held-out rows."""
+    from alacarte.holdout import split_rows
+    from alacarte.selection import evidence
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 6))
+    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    kept, held = split_rows(400, 0.2, 1)
+    read = []
+    real = evidence.input_costs
+
+    def recorded(model, kernel, draws=()):
+        rows = model.train_inputs[0]
+        noise, gradient = float(model.likelihood.noise), None
+        model.train()
+        with model.inference_settings():
+            loss = ac.training.negative_mll(model, rows, model.train_targets, backward=False)
+            gradient = torch.autograd.grad(loss, model.likelihood.noise_covar.raw_noise)[0]
+        same_rows = torch.equal(rows, model.internal_query_inputs(torch.as_tensor(x[kept.numpy()])))
+        read.append((same_rows, noise, float(gradient.abs().max())))
+        return real(model, kernel, draws)
+
+    monkeypatch.setattr(evidence, "input_costs", recorded)
+    results = []
+    for shuffled in (False, True):
+        targets = y.copy()
+        if shuffled:
+            targets[held.numpy()] = targets[held.numpy()][rng.permutation(len(held))]
+        model = ac.FeatureGP(None, None, ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=1)).double()
+        ac.fit(model, x, targets, max_iter=40, restarts=1, restart_iter=5, progress=False, seed=1)
+        band = float(model.likelihood.noise)
+        read.clear()
+        result = evidence.select_inputs(model, x, targets, refit_iter=20, seed=1)
+        assert read and all(same_rows and gradient < 1e-6 for same_rows, _, gradient in read)
+        assert read[0][1] != pytest.approx(band, rel=1e-2)  # the likelihood's σ², not the band's
+        assert model.train_inputs[0].shape[0] == 400
+        results.append((result.selected.tolist(), model.covar_module.simplex_weights.detach().clone()))
+    assert results[0][0] == results[1][0] == [0, 1]
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-6)

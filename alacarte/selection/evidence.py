@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from .._validation import varying_columns
+from ..holdout import maximize_band_likelihood, resolve_fraction, split_rows
+from ..init import signal_variance_parameter
 from ..training import fit, negative_mll
 
 if TYPE_CHECKING:
@@ -175,17 +177,24 @@ FRESH_DRAWS = 4
 
 
 def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: int = 30, max_rounds: int = 8,
-                  draws: int | str = "auto", seed: int | None = 0) -> InputSelection:
+                  draws: int | str = "auto", seed: int | None = 0,
+                  validation_fraction: float | str = "auto") -> InputSelection:
     r"""Drop the inputs of a fitted simplex-ARD GP that the marginal likelihood does not need.
 
-    Call after :func:`alacarte.fit` on the same ``x``, ``y``.  Each round drops every input whose
-    weight is worth less than ``log(d/level)`` nats of total marginal likelihood (never the
+    Call after :func:`alacarte.fit` on the same ``x``, ``y``, with its ``seed`` and
+    ``validation_fraction``: they say which rows the fit held out.  Each round drops every input
+    whose weight is worth less than ``log(d/level)`` nats of total marginal likelihood (never the
     last one) — inputs already at weight 0 among them —, holds them at exactly 0 and refits the
     rest with :func:`alacarte.fit` (``restarts=0``, ``refit_iter`` iterations).  When none is
     dropped, each held input is asked once whether it is worth more than the threshold on
     re-entry (:func:`entry_gains`: a zero weight is a stationary point, so the fit cannot
     bring an input back itself); those that are re-enter and the model is refitted.  It ends
     when a round neither drops nor re-enters an input, or after ``max_rounds`` refits.
+
+    Where the fit held rows out, an input's worth is read on the rows the likelihood saw, at the
+    likelihood's own σ² and σ_f² there (:func:`~alacarte.holdout.maximize_band_likelihood`; the
+    χ²₁ count is the likelihood's at its optimum), and every refit holds the same rows out to set
+    the predictive band again (docs/calibration.md).
 
     Args:
         model: a fitted :class:`~alacarte.FeatureGP` with one simplex kernel.
@@ -199,15 +208,16 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
             would bring back).  A weight fitted on one finite draw can fit that draw's chance
             features, a gain that a fresh draw does not repeat.  ``"auto"`` (default):
             :data:`FRESH_DRAWS` where the kernel can redraw its features, else 0 (FSGBARD learns them).
-        seed: passed to the refits.
+        seed: the fit's ``seed``, passed to the refits.
+        validation_fraction: the fit's ``validation_fraction``, passed to the refits.
 
     Returns:
         An :class:`InputSelection`; the model is left refitted with the dropped inputs at 0.
 
     Raises:
-        ValueError: for a model without exactly one simplex kernel, an unfitted model, or
-            ``level``, ``refit_iter``, ``max_rounds``, ``draws`` out of range, or ``draws`` for a
-            kernel whose random state is learned.
+        ValueError: for a model without exactly one simplex kernel, an unfitted model, other rows
+            than it was fitted on, or ``level``, ``refit_iter``, ``max_rounds``, ``draws``,
+            ``validation_fraction`` out of range, or ``draws`` for a kernel whose random state is learned.
     """
     kernel = _simplex_kernel(model)
     d = kernel.num_dims
@@ -220,6 +230,7 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
                          f"{max_rounds!r}, {draws!r}")
     if model.train_inputs is None:
         raise ValueError("select_inputs needs a fitted model: call alacarte.fit(model, x, y) first")
+    kept = _kept_rows(model, y, validation_fraction, seed)
     threshold = math.log(d / level)
     seeds = _fresh_seeds(kernel, int(draws))
     if seeds:
@@ -227,9 +238,11 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     varying = varying_columns(model.train_inputs[0]).reshape(-1).cpu()
     rounds, entered = 0, []
     while True:
+        undo = _on_kept_rows(model, kept)
         costs = input_costs(model, kernel, seeds)
         weak = _weak_inputs(kernel, costs, threshold)
         if rounds >= max_rounds:
+            undo()
             break
         if bool(weak.any()):
             kernel.drop_inputs_(torch.nonzero(weak).reshape(-1))
@@ -238,12 +251,45 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
             ask = [j for j in torch.nonzero(held).reshape(-1).tolist() if j not in entered]
             values = _entries(model, kernel, ask, seeds, threshold) if ask else {}
             if not values:
+                undo()
                 break
             _reenter(kernel, values)
             entered += list(values)
-        fit(model, x, y, max_iter=refit_iter, restarts=0, progress=False, seed=seed)
+        # (from the likelihood's σ² and σ_f²; the refit sets the band again)
+        fit(model, x, y, max_iter=refit_iter, restarts=0, progress=False, seed=seed,
+            validation_fraction=validation_fraction)
         rounds += 1
     return InputSelection(kernel.selected().cpu(), costs, threshold, rounds, entered)
+
+
+def _kept_rows(model: "FeatureGP", y, validation_fraction, seed) -> torch.Tensor | None:
+    """The indices of the rows :func:`~alacarte.fit` kept for the likelihood, ``None`` where it held none out."""
+    n = model.train_targets.shape[-1]
+    if len(y) != n:
+        raise ValueError(f"select_inputs needs the rows the model was fitted on: it has {n}, got {len(y)}")
+    rows = split_rows(n, resolve_fraction(validation_fraction, model, streamed=False), seed)
+    return None if rows is None else rows[0].to(model.train_targets.device)
+
+
+def _on_kept_rows(model: "FeatureGP", kept: torch.Tensor | None) -> Callable[[], None]:
+    """Give the model the kept rows and the marginal likelihood's σ² and σ_f² on them; returns what
+    restores the rows and the band it had."""
+    if kept is None:
+        return lambda: None
+    (x,), y = model.train_inputs, model.train_targets
+    signal = signal_variance_parameter(model)
+    parameters = [model.likelihood.noise_covar.raw_noise] + ([] if signal is None else [signal[0]])
+    saved = [p.detach().clone() for p in parameters]
+    model.set_train_data(x[kept], y[kept], strict=False)
+    maximize_band_likelihood(model)
+
+    def undo() -> None:
+        with torch.no_grad():
+            for parameter, value in zip(parameters, saved):
+                parameter.copy_(value)
+        model.set_train_data(x, y, strict=False)
+
+    return undo
 
 
 def _weak_inputs(kernel: torch.nn.Module, costs: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -319,7 +365,8 @@ def selection_frequency(build: Callable[[int], "FeatureGP"], x, y, *, seeds: Ite
     for seed in seeds:
         model = build(seed)
         fit(model, x, y, seed=seed, **fit_options)
-        selections.append(select_inputs(model, x, y, level=level, seed=seed).selected)
+        fraction = fit_options.get("validation_fraction", "auto")
+        selections.append(select_inputs(model, x, y, level=level, seed=seed, validation_fraction=fraction).selected)
     d = _simplex_kernel(model).num_dims
     counts = torch.zeros(d, dtype=torch.float64)
     for chosen in selections:

@@ -76,8 +76,11 @@ def fit(
     likelihood — they tune the finite feature map until it interpolates the
     training targets — and a finite map's posterior variance between the training
     rows is too small; both make the predictive intervals far too narrow
-    (:mod:`alacarte.holdout`; docs/calibration.md).  ``validation_fraction=0``
-    fits on all rows by marginal likelihood alone, as the À la carte paper did.
+    (:mod:`alacarte.holdout`; docs/calibration.md).  A simplex-ARD kernel's exact
+    zeros are where the likelihood's path ends, so its optimisations run their course
+    on the kept rows and the held-out rows only set σ² and the scale.
+    ``validation_fraction=0`` fits on all rows by marginal likelihood alone, as the
+    À la carte paper did.
 
     A final optimisation that ends with the noise variance σ² at its lower
     bound is run once more, for ``max_iter`` iterations, from σ² = 0.1 × the

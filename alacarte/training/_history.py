@@ -19,19 +19,20 @@ class FitHistory:
             ``max_iter``.
         optimizer: ``"lbfgs"`` or ``"adam"``.
         restart_losses: the score each restart reached (``inf`` where it failed): the held-out
-            loss where rows are held out (``held_out_rows > 0``), else the training loss.
+            loss where rows held out score the iterates (:func:`~alacarte.holdout.scores_iterates`),
+            else the training loss.
         chosen_restart: the restart training continued from (the lowest score; ``None`` without restarts).
         noise_refit_loss: the score of the refit from a larger noise that :func:`~alacarte.fit`
             runs when the final optimisation ends with σ² at its lower bound — kept when it is
             lower than the score there — and ``None`` when it did not end there (or the noise
             is frozen).
-        held_out_rows: the training rows held out of the likelihood to score the iterates
-            (:mod:`alacarte.holdout`); 0 when none were.
+        held_out_rows: the training rows held out of the likelihood to set the band and, but for
+            simplex-ARD kernels, to score the iterates (:mod:`alacarte.holdout`); 0 when none were.
         validation_loss: the held-out rows' score (:class:`~alacarte.holdout.HeldOut`) at every
             iterate of the final optimisation (and of the noise refit, when kept) in order, its
-            starting point first (empty when no rows were held out).
+            starting point first (empty when no rows score the iterates).
         best_iteration: the index into ``validation_loss`` of the iterate the model was left at
-            (``None`` when no rows were held out).
+            (``None`` when no rows score the iterates).
         held_out_noise: the noise variance σ² (standardised units) then chosen by the held-out
             rows' score (:meth:`alacarte.holdout.HeldOut.calibrate`); ``None`` when no rows were
             held out or the noise or signal variance is not trained.

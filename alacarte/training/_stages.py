@@ -13,7 +13,7 @@ import torch
 
 from .._checkpoint import FitCheckpoint
 from .._progress import STAGES, FitShape, check_progress
-from ..holdout import HeldOut
+from ..holdout import HeldOut, scores_iterates
 from ..init import initialize, set_noise
 from .._simplex_step import SimplexStep
 from ._diagnostics import noise_at_lower_bound
@@ -37,7 +37,9 @@ class Training:
                  tolerance, seed, standardize, bar, jitters, checkpoint: FitCheckpoint | None,
                  held_out: HeldOut | None, all_rows: tuple[torch.Tensor, torch.Tensor] | None):
         self.model, self.x, self.y, self.initial_data, self.data = model, x, y, initial_data, data
-        self.held_out, self.all_rows = held_out, all_rows
+        # The held-out rows set the band at the end (calibration); where they choose iterates too, held_out.
+        self.calibration, self.all_rows = held_out, all_rows
+        self.held_out = held_out if held_out is not None and scores_iterates(model) else None
         self.validation, self.best_iteration = [], None  # of the latest optimisation
         self.optimizer, self.max_iter, self.lr, self.tolerance = optimizer, max_iter, lr, tolerance
         self.restarts, self.restart_iter, self.standardize = restarts, restart_iter, standardize
@@ -221,7 +223,7 @@ class Training:
             history.seconds = self.earlier_seconds
             self._condition_on_all_rows()
             return
-        calibrated = None if self.held_out is None else self.held_out.calibrate()
+        calibrated = None if self.calibration is None else self.calibration.calibrate()
         if calibrated is not None:
             history.held_out_noise, history.held_out_scale = calibrated
         self._condition_on_all_rows()
