@@ -26,8 +26,8 @@ from _csv_rows import read_rows  # noqa: E402  (experiments/, the script's own f
 RESULTS = ROOT / "experiments/results"
 PAPER = ROOT / "experiments/srff_paper_tables.csv"
 RELEVANT = {"se1": {0, 2, 6, 7, 8}, "se2": set(range(10, 15)), "se3": set(range(10))}
-ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-wide", "gp-simplex-draws", "gp-fsard", "rffnet", "mean", "ridge",
-         "lasso"]
+ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-wide", "gp-simplex-band", "gp-simplex-draws", "gp-fsard",
+         "rffnet", "mean", "ridge", "lasso"]
 
 
 def load_rows() -> list[dict]:
@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> None:
         "experiments/results/selection_gp_se3_fresh_10k.csv` at d070f55 (stopped after two replications, 31 "
         "minutes each beside two other jobs), `--problems se1 --n 50000 --methods gp-simplex-wide --out "
         "experiments/results/selection_gp_wide_50k.csv` at 02cb846 (D = 512; stopped for time where the count "
-        "says so; one thread beside one to three other jobs), "
+        "says so; one thread beside one to three other jobs), `--problems se2 --n 10000 --methods gp-simplex-band "
+        "--out experiments/results/selection_gp_band_10k.csv` at 4bb9df7 (fit's default: 20% of the rows held out "
+        "of the fit and the selection to set the band; the other simplex rows fit on all rows), "
         "`--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
         "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "
