@@ -255,7 +255,7 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
                 break
             _reenter(kernel, values)
             entered += list(values)
-        # (from the likelihood's σ² and σ_f²; the refit sets the band again)
+        # The refit starts from the likelihood's σ² and σ_f² on the kept rows and sets the band again.
         fit(model, x, y, max_iter=refit_iter, restarts=0, progress=False, seed=seed,
             validation_fraction=validation_fraction)
         rounds += 1
