@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import (
     as_tensor,
+    check_bool,
     check_positive_int,
     check_seed,
     float64_targets,
@@ -23,7 +24,8 @@ from ._validation import (
 from .factory import KERNEL_NAMES, make_model, resolve_draws
 from .kernels import FeatureKernel
 from .models import FeatureGP
-from .training import FitHistory, fit
+from .selection.evidence import SelectionFrequency, select_inputs
+from .training import FitHistory, current_loss, fit
 
 __all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments"]
 
@@ -100,6 +102,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             over-fits and to calibrate the predictive variance (see :func:`alacarte.fit`);
             ``"auto"``: 0.2 for feature kernels, 0 for the exact GPs (docs/calibration.md); 0: the
             marginal likelihood of all rows alone, as in the À la carte paper.
+        select: after each draw's fit, hold at exactly 0 the inputs the marginal likelihood does not
+            need (:func:`alacarte.selection.select_inputs` at its defaults, given the fit's seed and
+            ``validation_fraction``); ``kernel`` must be a simplex-ARD kernel (``simplex=True``).
         random_state: seed of the kernel's random state and of the restarts
             (an int, ``None`` or a ``numpy.random.RandomState``).
         progress: show a progress bar while fitting.
@@ -120,6 +125,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             averaged over the draws.
         relevance_draws_: each draw's relevances, ``(len(models_), n_features_in_)``: how far one
             feature draw's reading of an input can be trusted (docs/variable_selection.md).
+        selection_frequency_: with ``select``, the share of the draws that kept each input.
+        selected_: with ``select``, the inputs kept by at least 4 in 5 of the draws (every draw's,
+            for one draw): :meth:`~alacarte.selection.SelectionFrequency.stable`.
 
     **Predictive spread.** ``predict(X, return_std=True)`` returns the standard
     deviation of a new *observation* :math:`y_* = f_* + \varepsilon` by default —
@@ -159,6 +167,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         restart_iter: int = _FIT["restart_iter"],
         optimizer: str = _FIT["optimizer"],
         validation_fraction: float | str = _FIT["validation_fraction"],
+        select: bool = False,
         random_state: int | np.random.RandomState | None = _FIT["seed"],
         progress: bool = False,
     ):
@@ -171,6 +180,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.restart_iter = restart_iter
         self.optimizer = optimizer
         self.validation_fraction = validation_fraction
+        self.select = select
         self.random_state = random_state
         self.progress = progress
 
@@ -207,8 +217,12 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         y = float64_targets(y)
         seed = _as_seed(self.random_state)
+        select = check_bool(self.select, "select")
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
-        models, histories = [self._build_model(X.shape[1], seed)], []
+        models, histories, selections = [self._build_model(X.shape[1], seed)], [], []
+        if select and not getattr(models[0].covar_module, "simplex", False):
+            raise ValueError("select=True needs a simplex-ARD kernel: pass e.g. FSARDKernel(d, M, ard_num_dims=d, "
+                             "simplex=True) as kernel")
         draws = resolve_draws(self.num_draws, models[0], X.shape[0])
         for draw in range(draws):
             draw_seed = (seed + 1000 * draw) % 2**64
@@ -219,10 +233,18 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
                 restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
                 validation_fraction=self.validation_fraction,
             ))
+            if select:
+                selections.append(select_inputs(models[-1], x_t, y_t, seed=draw_seed,
+                                                validation_fraction=self.validation_fraction).selected)
         model, self.history_ = models[0], histories[0]
         # −loss is log p(y_std)/n (+ log priors); the standardisation y = s·y_std + c has Jacobian sⁿ.
         n = X.shape[0]
         loss = self.history_.final_loss
+        if select:
+            found = SelectionFrequency.of(selections, [(seed + 1000 * k) % 2**64 for k in range(draws)], X.shape[1])
+            self.selection_frequency_, self.selected_ = found.frequency.numpy(), found.stable().numpy()
+            loss = current_loss(model, model.train_inputs[0], model.train_targets)  # of the selected model
+            model.eval()
         self.log_marginal_likelihood_ = float(-loss * n - n * math.log(float(model.target_scale)))
         self.n_iter_ = self.history_.iterations
         self.model_, self.models_ = model, models

@@ -301,3 +301,40 @@ def test_exact_sample_y_does_not_warn_for_targets_in_large_units():
     sd = np.sqrt(np.diag(cov))
     assert np.all(np.abs(draws.mean(1) - mean) < 5 * sd / np.sqrt(4000))
     assert np.allclose(np.cov(draws), cov, atol=0.1 * sd.max() ** 2)
+
+
+def test_select_holds_the_unneeded_inputs_at_zero_as_select_inputs_does():
+    """select=True runs select_inputs after each draw's fit: the π of fit + select_inputs by hand with
+    the first draw's seed; y = sin(2x₀) + cos(2x₁) keeps exactly {0, 1} on both draws, which predict
+    their mixture; log_marginal_likelihood_ is the selected model's, against the dense Gaussian."""
+    from alacarte.selection import select_inputs
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((400, 6))
+    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    kernel = ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=0).double()
+    options = dict(max_iter=40, restarts=1, restart_iter=5)
+    reg = AlaCarteRegressor(kernel, num_draws=2, select=True, random_state=0, **options).fit(x, y)
+    assert reg.selected_.tolist() == [0, 1] and reg.selection_frequency_.tolist() == [1, 1, 0, 0, 0, 0]
+    by_hand = ac.FeatureGP(None, None, ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=0).double()).double()
+    ac.fit(by_hand, x, y, seed=0, progress=False, **options)
+    select_inputs(by_hand, x, y, seed=0)
+    # (the same fits but for the noise bound's round-off: the estimator's model comes from make_model)
+    ours, theirs = reg.model_.covar_module.simplex_weights, by_hand.covar_module.simplex_weights
+    assert torch.equal(ours == 0, theirs == 0) and torch.allclose(ours, theirs, atol=1e-3)
+    model = reg.model_
+    phi = model.covar_module.features(model.train_inputs[0]).detach().numpy()
+    scale = float(model.target_scale)
+    mean = float(model.target_offset) + scale * float(model.mean_module.constant.detach())
+    cov = scale**2 * (phi @ phi.T + float(model.likelihood.noise.detach()) * np.eye(len(y)))
+    assert reg.log_marginal_likelihood_ == pytest.approx(stats.multivariate_normal(np.full(len(y), mean), cov).logpdf(y),
+                                                         rel=1e-9)
+    assert not model.training
+
+
+def test_select_needs_a_simplex_kernel_and_a_bool():
+    x, y = data()
+    with pytest.raises(ValueError, match="simplex-ARD kernel"):
+        AlaCarteRegressor("fsard", select=True, **SMALL).fit(x, y)
+    with pytest.raises(ValueError, match="select"):
+        AlaCarteRegressor(ac.FSARDKernel(3, 16, ard_num_dims=3, simplex=True), select="yes", **SMALL).fit(x, y)

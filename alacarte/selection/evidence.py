@@ -319,6 +319,14 @@ class SelectionFrequency:
     selections: list[torch.Tensor]
     seeds: list[int]
 
+    @classmethod
+    def of(cls, selections: list[torch.Tensor], seeds: list[int], num_dims: int) -> "SelectionFrequency":
+        """The frequencies of ``selections`` (one per seed) over ``num_dims`` inputs."""
+        counts = torch.zeros(num_dims, dtype=torch.float64)
+        for chosen in selections:
+            counts[chosen] += 1
+        return cls(counts / len(selections), selections, seeds)
+
     def stable(self, at_least: float = 0.8) -> torch.Tensor:
         """The inputs kept by at least the share ``at_least`` of the draws (default 4 of 5)."""
         return torch.nonzero(self.frequency >= at_least - 1e-12).reshape(-1)
@@ -367,8 +375,4 @@ def selection_frequency(build: Callable[[int], "FeatureGP"], x, y, *, seeds: Ite
         fit(model, x, y, seed=seed, **fit_options)
         fraction = fit_options.get("validation_fraction", "auto")
         selections.append(select_inputs(model, x, y, level=level, seed=seed, validation_fraction=fraction).selected)
-    d = _simplex_kernel(model).num_dims
-    counts = torch.zeros(d, dtype=torch.float64)
-    for chosen in selections:
-        counts[chosen] += 1
-    return SelectionFrequency(counts / len(seeds), selections, seeds)
+    return SelectionFrequency.of(selections, seeds, _simplex_kernel(model).num_dims)
