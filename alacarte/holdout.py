@@ -193,16 +193,6 @@ class HeldOut:
         for :meth:`score_and_scale`."""
         return self.score_and_scale(statistics)[0]
 
-    def _kept_statistics(self) -> SufficientStatistics | None:
-        """The kept rows' statistics at the current parameters (``None`` for a model without
-        explicit features, an exact GP)."""
-        model = self.model
-        features = getattr(model.covar_module, "features", None)
-        if features is None:
-            return None
-        (x,) = model.train_inputs
-        return sufficient_statistics(features(x), model.train_targets - model.mean_module(x))
-
     def _leave_one_out(self, statistics: SufficientStatistics, phi: Tensor) -> tuple[Tensor, Tensor]:
         """Each held-out row's predictive mean and variance under the posterior of *all other* rows,
         kept and held out (``statistics``: all rows', ``phi``: the held-out rows' features).
@@ -223,7 +213,7 @@ class HeldOut:
         if features is None:
             return None
         phi = features(self.x)
-        return self._kept_statistics() + sufficient_statistics(phi, self.y - self.model.mean_module(self.x)), phi
+        return training_statistics(self.model) + sufficient_statistics(phi, self.y - self.model.mean_module(self.x)), phi
 
     @torch.no_grad()
     def calibration_predictive(self) -> tuple[Tensor, Tensor]:
@@ -281,6 +271,16 @@ class HeldOut:
         return float(self.model.likelihood.noise.min()), scale
 
 
+def training_statistics(model) -> SufficientStatistics | None:
+    """The statistics of the model's training rows at the current parameters (``None`` for a model
+    without explicit features, an exact GP)."""
+    features = getattr(model.covar_module, "features", None)
+    if features is None:
+        return None
+    (x,) = model.train_inputs
+    return sufficient_statistics(features(x), model.train_targets - model.mean_module(x))
+
+
 @torch.no_grad()
 def maximize_band_likelihood(model) -> tuple[float, float] | None:
     """Set σ² and an overall factor t of σ_f² where the marginal likelihood of the model's training
@@ -299,11 +299,9 @@ def maximize_band_likelihood(model) -> tuple[float, float] | None:
     """
     noise_covar = model.likelihood.noise_covar
     signal = signal_variance_parameter(model)
-    features = getattr(model.covar_module, "features", None)
-    if features is None or not noise_covar.raw_noise.requires_grad or signal is None or not signal[0].requires_grad:
+    statistics = training_statistics(model)
+    if statistics is None or not noise_covar.raw_noise.requires_grad or signal is None or not signal[0].requires_grad:
         return None
-    (x,) = model.train_inputs
-    statistics = sufficient_statistics(features(x), model.train_targets - model.mean_module(x))
     eigenvalues, vectors = torch.linalg.eigh(statistics.gram.double())
     eigenvalues = eigenvalues.clamp_min(0).cpu().numpy()
     projections = (vectors.T @ statistics.phi_r.double()).cpu().numpy() ** 2
