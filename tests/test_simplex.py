@@ -607,3 +607,27 @@ def test_select_inputs_reads_the_evidence_on_the_rows_the_fit_kept_at_the_likeli
         results.append((result.selected.tolist(), model.covar_module.simplex_weights.detach().clone()))
     assert results[0][0] == results[1][0] == [0, 1]
     assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
+
+
+def test_a_failed_select_inputs_leaves_the_model_on_all_rows_with_its_band(single_thread, monkeypatch):
+    """An error while the evidence is read on the kept rows restores the rows and the band the fit set."""
+    from alacarte.selection import evidence
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((300, 4))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(300)
+    model = ac.FeatureGP(None, None, ac.FSARDKernel(4, 16, ard_num_dims=4, simplex=True, seed=1)).double()
+    ac.fit(model, x, y, max_iter=10, restarts=0, progress=False, seed=1)
+    rows, band = model.train_inputs[0].clone(), model.likelihood.noise.detach().clone()
+    scale = model.covar_module.outputscale.detach().clone()
+
+    def failing(model, kernel, draws=()):
+        assert model.train_inputs[0].shape[0] < 300  # raised while on the kept rows
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(evidence, "input_costs", failing)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        evidence.select_inputs(model, x, y, seed=1)
+    assert torch.equal(model.train_inputs[0], rows)
+    assert torch.equal(model.likelihood.noise.detach(), band)
+    assert torch.equal(model.covar_module.outputscale.detach(), scale)

@@ -61,7 +61,8 @@ class InputSelection:
     entered: list[int]
 
 
-def _simplex_kernel(model: "FeatureGP") -> torch.nn.Module:
+def simplex_kernel(model: "FeatureGP") -> torch.nn.Module:
+    """The model's one simplex-ARD kernel; ``ValueError`` where it has none, several, or a batched one."""
     kernels = [m for m in model.modules() if getattr(m, "simplex", False) and hasattr(m, "drop_inputs_")]
     if len(kernels) != 1 or len(kernels[0].batch_shape):
         raise ValueError(f"select_inputs needs a model with exactly one simplex kernel (simplex=True) without "
@@ -219,7 +220,7 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
             than it was fitted on, or ``level``, ``refit_iter``, ``max_rounds``, ``draws``,
             ``validation_fraction`` out of range, or ``draws`` for a kernel whose random state is learned.
     """
-    kernel = _simplex_kernel(model)
+    kernel = simplex_kernel(model)
     d = kernel.num_dims
     if not 0 < level < d:
         raise ValueError(f"level must lie in (0, {d}), got {level!r}")
@@ -239,27 +240,37 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     rounds, entered = 0, []
     while True:
         undo = _on_kept_rows(model, kept)
-        costs = input_costs(model, kernel, seeds)
-        weak = _weak_inputs(kernel, costs, threshold)
-        if rounds >= max_rounds:
+        try:
+            costs = input_costs(model, kernel, seeds)
+            weak = _weak_inputs(kernel, costs, threshold)
+            changed = rounds < max_rounds and _change_inputs(model, kernel, weak, varying, entered, seeds, threshold)
+        except BaseException:
+            undo()
+            raise
+        if not changed:
             undo()
             break
-        if bool(weak.any()):
-            kernel.drop_inputs_(torch.nonzero(weak).reshape(-1))
-        else:  # nothing to drop: ask the held inputs, each once, whether they are worth bringing back
-            held = ~kernel.simplex_mask.reshape(-1).cpu() & varying
-            ask = [j for j in torch.nonzero(held).reshape(-1).tolist() if j not in entered]
-            values = _entries(model, kernel, ask, seeds, threshold) if ask else {}
-            if not values:
-                undo()
-                break
-            _reenter(kernel, values)
-            entered += list(values)
         # The refit starts from the likelihood's σ² and σ_f² on the kept rows and sets the band again.
         fit(model, x, y, max_iter=refit_iter, restarts=0, progress=False, seed=seed,
             validation_fraction=validation_fraction)
         rounds += 1
     return InputSelection(kernel.selected().cpu(), costs, threshold, rounds, entered)
+
+
+def _change_inputs(model: "FeatureGP", kernel: torch.nn.Module, weak: torch.Tensor, varying: torch.Tensor,
+                   entered: list[int], seeds: Sequence[int], threshold: float) -> bool:
+    """Drop the weak inputs or, with none to drop, bring back the held inputs worth it (each asked
+    once, recorded in ``entered``); whether anything changed."""
+    if bool(weak.any()):
+        kernel.drop_inputs_(torch.nonzero(weak).reshape(-1))
+        return True
+    held = ~kernel.simplex_mask.reshape(-1).cpu() & varying
+    ask = [j for j in torch.nonzero(held).reshape(-1).tolist() if j not in entered]
+    values = _entries(model, kernel, ask, seeds, threshold) if ask else {}
+    if values:
+        _reenter(kernel, values)
+        entered += list(values)
+    return bool(values)
 
 
 def _kept_rows(model: "FeatureGP", y, validation_fraction, seed) -> torch.Tensor | None:
@@ -375,4 +386,4 @@ def selection_frequency(build: Callable[[int], "FeatureGP"], x, y, *, seeds: Ite
         fit(model, x, y, seed=seed, **fit_options)
         fraction = fit_options.get("validation_fraction", "auto")
         selections.append(select_inputs(model, x, y, level=level, seed=seed, validation_fraction=fraction).selected)
-    return SelectionFrequency.of(selections, seeds, _simplex_kernel(model).num_dims)
+    return SelectionFrequency.of(selections, seeds, simplex_kernel(model).num_dims)
