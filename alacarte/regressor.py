@@ -24,7 +24,7 @@ from ._validation import (
 from .factory import KERNEL_NAMES, make_model, resolve_draws
 from .kernels import FeatureKernel
 from .models import FeatureGP
-from .selection.evidence import SelectionFrequency, select_inputs
+from .selection.evidence import SelectionFrequency, select_inputs, simplex_kernel
 from .training import FitHistory, current_loss, fit
 
 __all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments"]
@@ -220,12 +220,15 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         select = check_bool(self.select, "select")
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
         models, histories, selections = [self._build_model(X.shape[1], seed)], [], []
-        if select and not getattr(models[0].covar_module, "simplex", False):
-            raise ValueError("select=True needs a simplex-ARD kernel: pass e.g. FSARDKernel(d, M, ard_num_dims=d, "
-                             "simplex=True) as kernel")
+        if select:
+            try:
+                simplex_kernel(models[0])
+            except ValueError as error:
+                raise ValueError("select=True needs one simplex-ARD kernel: pass e.g. FSARDKernel(d, M, "
+                                 "ard_num_dims=d, simplex=True) as kernel") from error
         draws = resolve_draws(self.num_draws, models[0], X.shape[0])
-        for draw in range(draws):
-            draw_seed = (seed + 1000 * draw) % 2**64
+        seeds = [(seed + 1000 * draw) % 2**64 for draw in range(draws)]
+        for draw, draw_seed in enumerate(seeds):
             if draw:
                 models.append(self._build_model(X.shape[1], draw_seed))
             histories.append(fit(
@@ -241,7 +244,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         n = X.shape[0]
         loss = self.history_.final_loss
         if select:
-            found = SelectionFrequency.of(selections, [(seed + 1000 * k) % 2**64 for k in range(draws)], X.shape[1])
+            found = SelectionFrequency.of(selections, seeds, X.shape[1])
             self.selection_frequency_, self.selected_ = found.frequency.numpy(), found.stable().numpy()
             loss = current_loss(model, model.train_inputs[0], model.train_targets)  # of the selected model
             model.eval()
