@@ -43,6 +43,7 @@ from alacarte.holdout import RECOMMENDED_FRACTION, SCALE_PRIOR_ROWS, HeldOut, sp
 from alacarte.woodbury import sufficient_statistics  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from calibration import FIELDS  # noqa: E402
+from _draws import draws_setting  # noqa: E402
 
 
 def leave_one_out(model, xs, ys) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +92,7 @@ def run(args) -> None:
                 path = Path(args.out) / f"{dataset}-{method}-{split}.npz"
                 if path.exists():
                     continue
-                cell = run_cell(data, split, method, args.num_features, args.draws)
+                cell = run_cell(data, split, method, args.num_features, args.num_draws)
                 tmp = path.with_suffix(".tmp.npz")
                 np.savez(tmp, **cell)
                 os.replace(tmp, path)
@@ -249,7 +250,7 @@ def main(argv=None) -> None:
     r.add_argument("--methods", nargs="+", default=["fsard", "gm"])
     r.add_argument("--splits", default="0-2")
     r.add_argument("--num-features", type=int, default=1024)
-    r.add_argument("--draws", type=lambda v: v if v == "auto" else int(v), default="auto",
+    r.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="feature draws per cell (default: the estimator's rule); the first five are the default's")
     p = sub.add_parser("report")
     p.add_argument("out")
