@@ -17,22 +17,27 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from alacarte.bench.scores import predictive_scores  # noqa: E402
 
 WORKER = r"""
 import json, sys, time, warnings
 import torch
 torch.set_num_threads(1)
+import numpy as np
 import alacarte as ac
-from alacarte.bench.scores import predictive_scores
 from alacarte.factory import make_model
-dataset, kernel, num_samples = sys.argv[1], sys.argv[2], int(sys.argv[3])
+dataset, kernel, num_samples, predictions = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 data = ac.load_uci(dataset, 0, None)
 model = make_model(kernel, data.x_train.shape[1], num_samples=num_samples, seed=0).double()
 start = time.process_time()
@@ -41,17 +46,24 @@ with warnings.catch_warnings():
     history = ac.fit(model, data.x_train, data.y_train, seed=0, progress=False)
 seconds = time.process_time() - start
 pred = model.predict(data.x_test)
-scores = predictive_scores(pred.mean, pred.observed_variance, torch.as_tensor(data.y_test))
-print(json.dumps({"cpu_seconds": round(seconds, 1), "iterations": history.iterations, **scores}))
+np.savez(predictions, mean=pred.mean.detach().numpy(), variance=pred.observed_variance.detach().numpy(),
+         y=np.asarray(data.y_test))
+print(json.dumps({"cpu_seconds": round(seconds, 1), "iterations": history.iterations}))
 """
 
 
 def fit_in(tree: str, dataset: str, kernel: str, num_samples: int) -> dict:
+    """Fit in a fresh process on ``tree``; its test predictions are scored here, by this tree's
+    :func:`predictive_scores`, so that trees older than that function are scored alike."""
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    # In the tree's folder: ``python -c`` puts the working directory first on sys.path.
-    done = subprocess.run([sys.executable, "-c", WORKER, dataset, kernel, str(num_samples)], env=env, cwd=tree,
-                          capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as folder:
+        predictions = os.path.join(folder, "predictions.npz")
+        # In the tree's folder: ``python -c`` puts the working directory first on sys.path.
+        done = subprocess.run([sys.executable, "-c", WORKER, dataset, kernel, str(num_samples), predictions],
+                              env=env, cwd=tree, capture_output=True, text=True, check=True)
+        with np.load(predictions) as p:
+            scores = predictive_scores(*(torch.as_tensor(p[k]) for k in ("mean", "variance", "y")))
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), **scores}
 
 
 def run(args) -> None:
