@@ -10,7 +10,9 @@ Compares, in one run, timed round-robin (median and min–max of the repeats):
   under ``ExactMarginalLogLikelihood``, float64;
 * the floor: two n×D×D matrix products (ΦᵀΦ and Φ·(D×D)) on a precomputed Φ —
   the least any exact Woodbury loss + gradient can cost — in float64 (the
-  reference of every ratio) and in float32.
+  reference of every ratio) and in float32;
+* the two products as an evaluation forms them: ΦᵀΦ by syrk (half a GEMM's
+  flops) and the backward's Φ·(D×D), each alone.
 
 Usage::
 
@@ -136,6 +138,8 @@ def main() -> None:
         ("D×D part, autograd through the Cholesky factor", dd_part(False)),
         ("floor: ΦᵀΦ + Φ·(D×D)", floor_of(phi, square)),
         ("floor in float32", floor_of(phi.float(), square.float())),
+        ("ΦᵀΦ and Φᵀr as an evaluation forms them (syrk)", lambda: sufficient_statistics(phi, y)),
+        ("Φ·(D×D) alone, the backward's product", lambda: phi @ square),
         ("alacarte FSARD, WoodburyMarginalLogLikelihood", loss_and_grad(ours, ours_mll, x, y)),
         ("alacarte FSARD, float32 features + float64 statistics (streamed)", streamed_mixed),
         ("GPyTorch RFFKernel, ExactMarginalLogLikelihood", loss_and_grad(theirs, theirs_mll, x, y)),
@@ -145,7 +149,7 @@ def main() -> None:
         samples = sample_times([fn for _, fn in contestants], args.repeats)
     load_after = load_average()
     rows = [(name, statistics.median(ts), ts) for (name, _), ts in zip(contestants, samples)]
-    t_closed, t_autograd, t_floor, _, t_ours, t_mixed, t_theirs = (t for _, t, _ in rows)
+    t_closed, t_autograd, t_floor, _, t_syrk, t_product, t_ours, t_mixed, t_theirs = (t for _, t, _ in rows)
 
     command = "python " + " ".join(sys.argv)
     lines = [
@@ -169,7 +173,8 @@ def main() -> None:
         "",
         f"Issue 50's goals (kin40k): alacarte ≤ 0.30× GPyTorch (measured {t_ours / t_theirs:.2f}×) and "
         f"≤ 0.80× the floor (measured {t_ours / t_floor:.2f}×); float32 features + float64 statistics ≤ 0.50× "
-        f"the float64 floor (measured {t_mixed / t_floor:.2f}×). "
+        f"the float64 floor (measured {t_mixed / t_floor:.2f}×). The syrk and the backward's product alone take "
+        f"{(t_syrk + t_product) / t_floor:.2f}× the floor: the least an evaluation built on them can take. "
         f"The D×D part's closed-form adjoint takes {t_closed / t_autograd:.2f}× the time of autograd "
         "through the Cholesky factor.",
     ]
