@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         "`--problems se2 se1 --n 5000 10000 --methods gp-simplex-band --out experiments/results/selection_gp_band.csv` "
         "at 57d8591 (SE2 at 10 000 skipped: its rows are those above) and `--problems se3 --n 1000 --methods srff "
         "--out experiments/results/selection_srff_se3.csv` at 57d8591 (both one thread beside three or four other jobs), "
+        "`--problems se2 --n 10000 --methods srff --out experiments/results/selection_srff_se2_10k.csv` at 17c2c07 "
+        "(one thread beside one to three other jobs, 800–2 150 s a replication), "
         "`--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
         "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "
