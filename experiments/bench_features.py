@@ -100,7 +100,7 @@ def sklearn_extra_reference(n: int, repeats: int, python: str | None) -> tuple[d
     return json.loads(run.stdout.splitlines()[-1]), f"`{python}`"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="n = 9000, 2 repeats")
     ap.add_argument("--n", type=int, default=None)
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "features.md"))
     ap.add_argument("--sklearn-extra-python", metavar="PATH",
                     help="interpreter with scikit-learn-extra that measures the reference (see the docstring)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.sklearn_extra_python is not None:  # checked now, not after the table's minutes
         try:
             check = subprocess.run([args.sklearn_extra_python, "-c", "import sklearn_extra.kernel_approximation"],

@@ -397,7 +397,7 @@ def render(args, done: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="rows of the main comparison")
     parser.add_argument("--num-samples", type=int, default=NUM_SAMPLES, help=argparse.SUPPRESS)
@@ -414,7 +414,7 @@ def main() -> None:
     parser.add_argument("--round-robin", action="store_true", help="time the paths in this process instead")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of --round-robin")
     parser.add_argument("--time-out", default=os.path.join(RESULTS, "streaming_time.md"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         return worker(args)
     if args.round_robin:

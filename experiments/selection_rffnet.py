@@ -317,7 +317,7 @@ def _rosasco_table(rows: list[dict], half_width: float) -> list[str]:
     return lines
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=["se", "rosasco"], default="se")
     parser.add_argument("--replications", type=int, default=5)
@@ -327,7 +327,7 @@ def main() -> None:
                         help="--part rosasco: inputs uniform on [-h, h]^6 (default 3, as printed; 1 the unit cube)")
     parser.add_argument("--report", action="store_true", help="write the report (--out) from the CSV, run nothing")
     parser.add_argument("--out", default=MD_PATH, help="the report's file (default: results/selection_rffnet.md)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     # a problem or size the part does not run would otherwise run nothing, silently
     known = {"se": sorted({p for p, _ in SE_SCHEDULE}), "rosasco": ["f1", "f2", "f3"]}[args.part]
     if not set(args.problems or []) <= set(known):

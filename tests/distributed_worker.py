@@ -1,7 +1,7 @@
 """One process of the data-parallel tests (tests/test_distributed.py starts two).
 
-Usage: python distributed_worker.py SCENARIO OUT_DIR, with MASTER_ADDR, MASTER_PORT,
-RANK and WORLD_SIZE set.  Writes OUT_DIR/rank{RANK}.pt: the results, or the error.
+Usage: python distributed_worker.py SCENARIO[,SCENARIO...] OUT_DIR, with MASTER_ADDR, MASTER_PORT,
+RANK and WORLD_SIZE set.  Writes OUT_DIR/SCENARIO/rank{RANK}.pt: the results, or the error.
 """
 import os
 import sys
@@ -66,12 +66,29 @@ def resume_from_checkpoint(x, y, path: str) -> dict:
 
 
 def main() -> None:
-    scenario, out_dir = sys.argv[1], sys.argv[2]
+    """Each scenario of the comma-separated list in turn, in one process group; a scenario's results and files
+    go to OUT_DIR/SCENARIO."""
+    scenarios, out_dir = sys.argv[1].split(","), sys.argv[2]
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
-    result = {}
     try:
         ad.init(timeout=float(os.environ.get("ALACARTE_TEST_TIMEOUT", "20")))
+    except Exception as err:
+        failed = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()}"}
+    else:
+        failed = None
+    for scenario in scenarios:
+        folder = os.path.join(out_dir, scenario)
+        os.makedirs(folder, exist_ok=True)
+        result = failed or run(scenario, rank, folder)
+        torch.save(result, os.path.join(folder, f"rank{rank}.pt"))
+        if failed is None:
+            torch.distributed.barrier()
+
+
+def run(scenario: str, rank: int, out_dir: str) -> dict:
+    result = {}
+    try:
         x, y, model = make_case(seed=rank * (2**64 - 1) if scenario == "seed" else 0)
         rows = ad.shard(len(x))
         if scenario == "dtype" and rank == 1:  # rank 1's model in float32, rank 0's in float64
@@ -166,7 +183,7 @@ def main() -> None:
         pass
     except Exception as err:  # reported to the test, which checks the message
         result["error"] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    return result
 
 
 if __name__ == "__main__":

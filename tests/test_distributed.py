@@ -27,10 +27,17 @@ def _free_port() -> int:
 
 def _launch(scenario: str, tmp_path, ranks=(0, 1), world_size: int = 2, timeout: float = 20, wall: float = 120):
     """Start the worker processes, wait at most ``wall`` seconds; returns ({rank: result}, seconds)."""
+    results, seconds = _launch_all([scenario], tmp_path, ranks, world_size, timeout, wall)
+    return results[scenario], seconds
+
+
+def _launch_all(scenarios: list[str], tmp_path, ranks=(0, 1), world_size: int = 2, timeout: float = 20,
+                wall: float = 120):
+    """The scenarios run one after another in one process group: ({scenario: {rank: result}}, seconds)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size),
                ALACARTE_TEST_TIMEOUT=str(timeout), OMP_NUM_THREADS="1")
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, WORKER, scenario, str(tmp_path)], env=dict(env, RANK=str(r)),
+    procs = [subprocess.Popen([sys.executable, WORKER, ",".join(scenarios), str(tmp_path)], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in ranks]
     try:
         outputs = [p.communicate(timeout=wall)[0].decode() for p in procs]
@@ -41,10 +48,21 @@ def _launch(scenario: str, tmp_path, ranks=(0, 1), world_size: int = 2, timeout:
                 p.wait()
     seconds = time.perf_counter() - start
     results = {}
-    for r, out in zip(ranks, outputs):
-        path = tmp_path / f"rank{r}.pt"
-        results[r] = torch.load(path, weights_only=False) if path.exists() else {"exit": out}
+    for scenario in scenarios:
+        results[scenario] = {}
+        for r, out in zip(ranks, outputs):
+            path = tmp_path / scenario / f"rank{r}.pt"
+            results[scenario][r] = torch.load(path, weights_only=False) if path.exists() else {"exit": out}
     return results, seconds
+
+
+# The scenarios in which every process is to raise the same error run in one process group.
+REFUSALS = ["seed", "dtype", "frozen", "settings", "empty", "bad rows", "checkpoint on one", "augmented"]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    return _launch_all(REFUSALS, tmp_path_factory.mktemp("refusals"))[0]
 
 
 def _close(a, b, tol=1e-10):
@@ -143,21 +161,22 @@ def test_killed_distributed_fit_resumes_from_rank_zeros_checkpoint(tmp_path):
         for name, value in results[r]["reference"].items():
             assert torch.equal(results[r]["resumed"][name], value), (r, name)
     assert results[0]["saved_stage"] == ["restart", 1]  # the resumed fits skipped restart 0
-    assert [p.name for p in tmp_path.iterdir() if "ckpt" in p.name] == ["fit.ckpt"]  # rank 0 alone writes
+    written = [p.name for p in (tmp_path / "checkpoint").iterdir() if "ckpt" in p.name]
+    assert written == ["fit.ckpt"]  # rank 0 alone writes
 
 
-def test_mismatched_seed_is_reported(tmp_path):
-    results, _ = _launch("seed", tmp_path)
+def test_mismatched_seed_is_reported(refused):
+    results = refused["seed"]
     for r in (0, 1):
         message = results[r].get("error", "")
         assert "ValueError" in message and "rank 1 has kernel seed 18446744073709551615, rank 0 has 0" in message, results[r]
         assert "radius" in message  # FSARD's learned radii are drawn from the seed
 
 
-def test_a_model_in_another_dtype_on_one_process_is_reported_as_such(tmp_path):
+def test_a_model_in_another_dtype_on_one_process_is_reported_as_such(refused):
     """A float32 model on rank 1 against float64 on rank 0 is named as such, not as differing in every
     one of its tensors with the advice to build the kernel with the same seed."""
-    results, _ = _launch("dtype", tmp_path)
+    results = refused["dtype"]
     for r, dtype in ((0, "torch.float64"), (1, "torch.float32")):
         message = results[r].get("error", "")
         assert "ValueError" in message and "rank 1 holds its parameters and buffers in other dtypes than rank 0 " \
@@ -165,20 +184,20 @@ def test_a_model_in_another_dtype_on_one_process_is_reported_as_such(tmp_path):
         assert "differs from rank 0 in" not in message, message
 
 
-def test_parameters_frozen_on_one_process_only_are_reported(tmp_path):
+def test_parameters_frozen_on_one_process_only_are_reported(refused):
     """Unchecked, each evaluation broadcast rank 0's mean constant into rank 1's noise: no error, and the
     processes ended with raw noises 2.94 and raw mean constants 0.24 apart."""
-    results, _ = _launch("frozen", tmp_path)
+    results = refused["frozen"]
     for r in (0, 1):
         message = results[r].get("error", "")
         assert "ValueError" in message and "rank 1 trains other parameters than rank 0 (requires_grad" in message, \
             results[r]
 
 
-def test_other_settings_on_one_process_are_reported(tmp_path):
+def test_other_settings_on_one_process_are_reported(refused):
     """Unchecked, another Adam lr on rank 1 (0.2, rank 0's 0.05) ended with models 0.15 apart and no error;
     another statistics_dtype aborted rank 1 inside gloo."""
-    results, _ = _launch("settings", tmp_path)
+    results = refused["settings"]
     for r in (0, 1):
         message = results[r].get("error", "")
         assert "ValueError: every process must call fit with the same settings: rank 1 has lr=0.2 (rank 0: None); " \
@@ -186,14 +205,14 @@ def test_other_settings_on_one_process_are_reported(tmp_path):
         assert "ValueError: PlainGP needs all rows in memory" in results[r].get("plain", ""), results[r]
 
 
-def test_a_process_without_rows_makes_every_process_raise_a_value_error(tmp_path):
-    results, _ = _launch("empty", tmp_path)
+def test_a_process_without_rows_makes_every_process_raise_a_value_error(refused):
+    results = refused["empty"]
     assert "rank(s) 1 cannot train on their rows" in results[0].get("error", ""), results[0]
     assert "(rank 1) cannot train on its rows: x is empty" in results[1].get("error", ""), results[1]
 
 
-def test_rows_that_fail_when_read_on_one_process_make_every_process_raise_a_value_error(tmp_path):
-    results, _ = _launch("bad rows", tmp_path)
+def test_rows_that_fail_when_read_on_one_process_make_every_process_raise_a_value_error(refused):
+    results = refused["bad rows"]
     for case, message in (("nan", "contains 1 non-finite value"), ("columns", "has 4 columns but the model expects 3"),
                           ("none", "the data yielded no rows")):
         assert "ValueError: rank(s) 1 cannot train on their rows" in results[0].get(case, ""), results[0]
@@ -204,16 +223,16 @@ def test_rows_that_fail_when_read_on_one_process_make_every_process_raise_a_valu
         assert "does not exist" in message and reads == 0, results[r]
 
 
-def test_a_checkpoint_path_refused_on_one_process_makes_every_process_raise_a_value_error(tmp_path):
+def test_a_checkpoint_path_refused_on_one_process_makes_every_process_raise_a_value_error(refused):
     """Checked outside the processes' agreement on errors, a checkpoint path refused on rank 1 alone (another
     machine's file system) left rank 0 to fail on a closed connection (RuntimeError)."""
-    results, _ = _launch("checkpoint on one", tmp_path)
+    results = refused["checkpoint on one"]
     assert "ValueError: rank(s) 1 cannot train" in results[0].get("error", ""), results[0]
     assert "ValueError: " in results[1].get("error", "") and "does not exist" in results[1]["error"], results[1]
 
 
-def test_rows_that_change_between_passes_on_one_process_make_every_process_raise(tmp_path):
-    results, _ = _launch("augmented", tmp_path)
+def test_rows_that_change_between_passes_on_one_process_make_every_process_raise(refused):
+    results = refused["augmented"]
     for r in (0, 1):
         assert "ValueError: the chunks yielded other rows on a second pass than on the first on 1 process " in \
             results[r].get("error", ""), results[r]

@@ -18,6 +18,13 @@ import selection_benchmark  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402
 
 
+def refusal(main, args, capsys) -> tuple[int, str]:
+    """The exit status and stderr of a script's ``main(args)`` that argparse stops."""
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    return stop.value.code, capsys.readouterr().err
+
+
 def test_a_row_cut_short_by_a_killed_run_is_not_done_and_does_not_swallow_the_next(tmp_path):
     path = tmp_path / "selection.csv"
     row = dict(problem="se3", n=1000, method="ridge", replication=0, rmse="1.234567", selected="0 1 2",
@@ -70,10 +77,11 @@ def test_a_rosasco_replication_killed_after_its_first_rows_gets_the_others_on_re
     (["--part", "se", "--half-width", "1"], "--half-width is the domain of --part rosasco"),
     (["--part", "rosasco", "--half-width", "0"], "--half-width must be positive"),
 ])
-def test_selection_rffnet_refuses_settings_that_would_run_nothing(args, message):
-    result = subprocess.run([sys.executable, str(ROOT / "experiments/selection_rffnet.py"), *args],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and message in result.stderr
+def test_selection_rffnet_refuses_settings_that_would_run_nothing(args, message, capsys):
+    import selection_rffnet
+
+    status, err = refusal(selection_rffnet.main, args, capsys)
+    assert status == 2 and message in err
 
 
 def test_the_wine_diagnostic_does_not_count_a_row_cut_short_as_done(tmp_path):
@@ -165,11 +173,13 @@ def test_compare_runs_refuses_a_results_file_that_does_not_exist(tmp_path, capsy
     assert not (tmp_path / "out.md").exists()
 
 
-def test_the_streaming_benchmark_refuses_to_render_a_raw_file_that_does_not_exist(tmp_path):
+def test_the_streaming_benchmark_refuses_to_render_a_raw_file_that_does_not_exist(tmp_path, capsys):
+    import bench_streaming
+
     out = tmp_path / "streaming.md"
-    result = subprocess.run([sys.executable, str(ROOT / "experiments/bench_streaming.py"), "--render-only", "--raw",
-                             str(tmp_path / "typo.jsonl"), "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "--render-only: no such raw file" in result.stderr and not out.exists()
+    status, err = refusal(bench_streaming.main, ["--render-only", "--raw", str(tmp_path / "typo.jsonl"), "--out",
+                                                 str(out)], capsys)
+    assert status == 2 and "--render-only: no such raw file" in err and not out.exists()
 
 
 @pytest.mark.parametrize("script", ["bench_derivative", "bench_features", "bench_fwht"])
@@ -192,11 +202,10 @@ def test_a_benchmark_sets_transparent_huge_pages_before_torch_is_imported(script
     (["--reps", "0"], "--reps and --n must be at least 1"),
     (["--n", "0", "--methods", "mean", "--reps", "1"], "--reps and --n must be at least 1"),  # wrote rmse = nan
 ])
-def test_selection_benchmark_refuses_settings_that_would_run_nothing_or_nonsense(args, message, tmp_path):
+def test_selection_benchmark_refuses_settings_that_would_run_nothing_or_nonsense(args, message, tmp_path, capsys):
     out = tmp_path / "rows.csv"
-    result = subprocess.run([sys.executable, str(ROOT / "experiments/selection_benchmark.py"), *args, "--out", str(out)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and message in result.stderr and not out.exists()
+    status, err = refusal(selection_benchmark.main, [*args, "--out", str(out)], capsys)
+    assert status == 2 and message in err and not out.exists()
 
 
 def test_the_streamed_fit_report_names_the_training_size_and_the_load_it_ran_at(tmp_path):
@@ -262,13 +271,15 @@ def test_the_feature_benchmark_takes_a_scikit_learn_extra_that_fails_to_import_a
     ("/nonexistent/python", "--sklearn-extra-python /nonexistent/python: No such file or directory"),
     (sys.executable, f"--sklearn-extra-python {sys.executable} cannot import scikit-learn-extra: "),
 ])
-def test_the_feature_benchmark_refuses_an_interpreter_that_cannot_measure_its_reference(python, message, tmp_path):
+def test_the_feature_benchmark_refuses_an_interpreter_that_cannot_measure_its_reference(python, message, tmp_path,
+                                                                                         capsys):
     if python == sys.executable and importlib.util.find_spec("sklearn_extra") is not None:
         pytest.skip("sklearn_extra imports here")
+    import bench_features
+
     out = tmp_path / "features.md"
-    result = subprocess.run([sys.executable, str(ROOT / "experiments/bench_features.py"), "--sklearn-extra-python", python,
-                             "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and message in result.stderr and not out.exists()
+    status, err = refusal(bench_features.main, ["--sklearn-extra-python", python, "--out", str(out)], capsys)
+    assert status == 2 and message in err and not out.exists()
 
 
 @pytest.mark.skipif(not os.environ.get("ALACARTE_SKLEARN_EXTRA_PYTHON"),
