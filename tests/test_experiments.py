@@ -231,6 +231,29 @@ def test_a_row_is_not_appended_under_the_columns_of_another_schema(tmp_path):
     assert [r["split"] for r in read_rows(path)] == ["0", "1"]
 
 
+def test_the_appended_columns_report_averages_over_splits_and_reads_older_rows_as_split_0(tmp_path, capsys):
+    import selection_real
+
+    old, new = tmp_path / "old.csv", tmp_path / "new.csv"
+
+    def row(split, columns, selected, rmse):
+        values = {"dataset": "yacht", "split": split, "columns": columns, "seed": 0, "draw": 0, "n_train": 278,
+                  "d": 2, "selected": selected, "rmse": rmse, "nlpd": rmse, "coverage95": 0.9, "seconds": 1,
+                  "threads": 1, "version": "x"}
+        return values
+
+    older = [f for f in selection_real.FIELDS if f != "split"]
+    append_row(old, older, {k: v for k, v in row(0, "original", "0 1", 1.0).items() if k != "split"})
+    append_row(old, older, {k: v for k, v in row(0, "widened", "0 1 3", 1.2).items() if k != "split"})
+    append_row(new, selection_real.FIELDS, row(1, "original", "1", 2.0))
+    append_row(new, selection_real.FIELDS, row(1, "widened", "1", 2.1))
+    selection_real.main(["report", str(old), str(new)])
+    text = capsys.readouterr().out
+    # d = 2: one of two appended columns kept on split 0; RMSE (1.2 + 2.1) / (1.0 + 2.0)
+    assert "| yacht (278, 2) | 2 | 50% | 0 / 1 | none · 0 | none · 0 | 1.100 | 1.500 → 1.650 | 0.90 | 1.0 |" in text
+    assert "zeroed on every dataset — 0/1; RMSE within 3% of the original columns' — 0/1." in text
+
+
 def test_the_rffnet_report_re_renders_the_committed_table_elsewhere(tmp_path):
     out = tmp_path / "selection_rffnet.md"
     subprocess.run([sys.executable, str(ROOT / "experiments/selection_rffnet.py"), "--report", "--out", str(out)],
