@@ -77,13 +77,12 @@ def main() -> None:
         failed = {"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()}"}
     else:
         failed = None
-    for scenario in scenarios:
+    for i, scenario in enumerate(scenarios):
+        if i and failed is None:  # each scenario starts with every process past the one before
+            torch.distributed.barrier()
         folder = os.path.join(out_dir, scenario)
         os.makedirs(folder, exist_ok=True)
-        result = failed or run(scenario, rank, folder)
-        torch.save(result, os.path.join(folder, f"rank{rank}.pt"))
-        if failed is None:
-            torch.distributed.barrier()
+        torch.save(failed or run(scenario, rank, folder), os.path.join(folder, f"rank{rank}.pt"))
 
 
 def run(scenario: str, rank: int, out_dir: str) -> dict:
