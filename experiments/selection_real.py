@@ -148,23 +148,23 @@ def report(args) -> str:
                 f"Goals (issue 49): ≥ 95% of appended columns zeroed on every dataset — "
                 f"{sum(s >= 0.95 for s in shares)}/{len(shares)}; RMSE within 3% of the original columns' — "
                 f"{sum(r <= 1.03 for r in ratios)}/{len(ratios)}."]
-    first = {(ds, c): p[c] for ds, by_split in pairs.items() for key, p in sorted(by_split.items())[:1] for c in p}
-    return "\n".join(out + draws_table(all_rows, first))
+    return "\n".join(out + draws_table(all_rows, pairs))
 
 
-def draws_table(all_rows: list[dict], first: dict) -> list[str]:
-    """Where the widened columns were fitted on several feature draws: what the draws agree on."""
+def draws_table(all_rows: list[dict], pairs: dict) -> list[str]:
+    """Where the widened columns of a split were fitted on several feature draws: what the draws agree on."""
     draws = defaultdict(list)
     for r in all_rows:
         if r["columns"] == "widened":
-            draws[r["dataset"]].append(r)
+            draws[r["dataset"], _split(r), int(r["seed"])].append(r)
     out = ["", "**Over feature draws** (the widened columns; *stable*: kept by at least 80% of the draws)", "",
-           "| dataset (n, d) | draws | appended zeroed, per draw | appended zeroed by the stable set | "
+           "| dataset (n, d) | split | draws | appended zeroed, per draw | appended zeroed by the stable set | "
            "appended in some draw's set | real columns not stable | RMSE widened / original, mean over draws |",
-           "|---|---:|---|---:|---|---|---:|"]
+           "|---|---:|---:|---|---:|---|---|---:|"]
     shown = 0
-    for dataset, rs in draws.items():
-        if len(rs) < 2 or (dataset, "original") not in first:
+    for (dataset, split, seed), rs in draws.items():
+        original = pairs[dataset].get((split, seed), {}).get("original")
+        if len(rs) < 2 or original is None:
             continue
         d = int(rs[0]["d"])
         kept = [{int(j) for j in r["selected"].split()} for r in rs]
@@ -172,8 +172,8 @@ def draws_table(all_rows: list[dict], first: dict) -> list[str]:
         stable = set(SelectionFrequency(torch.as_tensor(frequency), [], []).stable().tolist())
         zeroed = [1 - sum(j >= d for j in k) / d for k in kept]
         ever = sorted(j for j in range(d, 2 * d) if frequency[j] > 0)
-        ratio = np.mean([float(r["rmse"]) for r in rs]) / float(first[(dataset, "original")]["rmse"])
-        out.append(f"| {dataset} ({rs[0]['n_train']}, {d}) | {len(rs)} | {min(zeroed):.0%}–{max(zeroed):.0%} | "
+        ratio = np.mean([float(r["rmse"]) for r in rs]) / float(original["rmse"])
+        out.append(f"| {dataset} ({rs[0]['n_train']}, {d}) | {split} | {len(rs)} | {min(zeroed):.0%}–{max(zeroed):.0%} | "
                    f"{1 - sum(j >= d for j in stable) / d:.0%} | "
                    f"{' '.join(f'{j} ({frequency[j]:.0%})' for j in ever) or 'none'} | "
                    f"{' '.join(map(str, sorted(set(range(d)) - stable))) or 'none'} | {ratio:.3f} |")
