@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from alacarte import fit  # noqa: E402
 from alacarte.demo import demo_data  # noqa: E402
 from alacarte.factory import make_model  # noqa: E402

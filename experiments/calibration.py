@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import mixture_components, model_name, package_version, parse_splits  # noqa: E402

@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from alacarte import AlaCarteRegressor  # noqa: E402
 from alacarte.factory import KERNEL_NAMES, draws_for_features  # noqa: E402
 from _draws import draws_setting, row_draws  # noqa: E402  (experiments/, the script's own folder)

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import torch
 
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac
 from alacarte.bench.scores import predictive_scores
 from alacarte.factory import make_model
 from alacarte.regressor import mixture_moments
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 
 

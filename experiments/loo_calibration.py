@@ -32,7 +32,8 @@ from unittest import mock
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import parse_splits  # noqa: E402

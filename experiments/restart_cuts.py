@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import alacarte as ac  # noqa: E402
 from alacarte.factory import make_model  # noqa: E402
 from alacarte.training import _fit, _stages  # noqa: E402

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
 from alacarte.datasets import make_se1  # noqa: E402
 from alacarte.selection.evidence import input_costs, select_inputs  # noqa: E402

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac
 from alacarte.datasets.synthetic import make_se1, make_se2, make_se3
 from alacarte.selection import selection_frequency
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 PROBLEMS = {"se1": make_se1, "se2": make_se2, "se3": make_se3}

@@ -26,13 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac
 from alacarte.bench.scores import predictive_scores
 from alacarte.holdout import HeldOut, split_rows
 from alacarte.woodbury import sufficient_statistics
 from alacarte.selection import select_inputs
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 from selection_real import gp_settings  # noqa: E402
 

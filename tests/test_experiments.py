@@ -403,3 +403,23 @@ def test_mixture_rules_rows_are_what_the_estimator_predicts(tmp_path, monkeypatc
     expected = predictive_scores(torch.as_tensor(mean), torch.as_tensor(std**2), torch.as_tensor(y[60:]))
     for name in ("rmse", "nlpd", "coverage95"):
         assert float(row[name]) == pytest.approx(expected[name], rel=1e-9), name
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "experiments").glob("[!_]*.py")))
+def test_an_experiment_imports_the_library_of_its_own_checkout(script):
+    """Run from a snapshot (git worktree, archive), a script must import the snapshot's alacarte, not the
+    editable install of the checkout being edited: its checkout's root goes on sys.path before the first
+    import that reaches alacarte (directly or through the experiments' row helpers)."""
+    import ast
+
+    reaches = {"alacarte", "_csv_rows", "_draws", "_jsonl_rows"}
+    root_first = False
+    for node in ast.parse((ROOT / "experiments" / script).read_text()).body:
+        text = ast.unparse(node)
+        if "sys.path" in text and ("parents[1]" in text or "'..'" in text or "ROOT" in text):
+            root_first = True
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        if any(name.split(".")[0] in reaches for name in names):
+            assert root_first, f"{script} imports {names} before putting its checkout's root on sys.path"
+            return
