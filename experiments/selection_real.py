@@ -1,7 +1,7 @@
 """Variable selection on real data with irrelevant columns appended (issue 49, item 3).
 
-For each UCI dataset (split 0, or ``--splits``) the d real columns get d more: the first ⌈d/2⌉ Gaussian noise, the
-rest row-permuted copies of real columns (each its own permutation, so a copy keeps its column's
+For each UCI dataset (split 0, or ``--splits``) the d real columns get d more: the first ⌈d/2⌉ Gaussian
+noise, the rest row-permuted copies of real columns (each its own permutation, so a copy keeps its column's
 marginal distribution and loses its relation to y).  The simplex-ARD GP (FSARD, ``simplex=True``,
 then :func:`alacarte.selection.select_inputs`; the settings of ``selection_benchmark.py``'s
 ``gp-simplex-fsard``) is fitted on the original and on the widened columns; a row per fit is
@@ -37,8 +37,8 @@ from alacarte.selection import SelectionFrequency, select_inputs  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from selection_benchmark import gp_settings  # noqa: E402
 
-FIELDS = ["dataset", "split", "columns", "seed", "draw", "n_train", "d", "selected", "rmse", "nlpd", "coverage95", "seconds",
-          "threads", "version"]
+FIELDS = ["dataset", "split", "columns", "seed", "draw", "n_train", "d", "selected", "rmse", "nlpd", "coverage95",
+          "seconds", "threads", "version"]
 
 
 def widen(x_train: np.ndarray, x_test: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -93,13 +93,14 @@ def run(args) -> None:
             seconds = time.perf_counter() - start
             pred = model.predict(xt)
             scores = predictive_scores(pred.mean, pred.observed_variance, torch.as_tensor(data.y_test))
-            row = {"dataset": dataset, "split": split, "columns": columns, "seed": args.seed, "draw": draw, "n_train": len(x),
-                   "d": data.x_train.shape[1], "selected": " ".join(map(str, model.covar_module.selected().tolist())),
+            row = {"dataset": dataset, "split": split, "columns": columns, "seed": args.seed, "draw": draw,
+                   "n_train": len(x), "d": data.x_train.shape[1],
+                   "selected": " ".join(map(str, model.covar_module.selected().tolist())),
                    "rmse": scores["rmse"], "nlpd": scores["nlpd"], "coverage95": scores["coverage95"],
                    "seconds": round(seconds, 1), "threads": torch.get_num_threads(), "version": package_version()}
             append_row(args.out, FIELDS, row)
-            print(dataset, split, columns, draw, f"rmse {row['rmse']:.4g} nlpd {row['nlpd']:.3f} kept [{row['selected']}] "
-                  f"({seconds:.0f} s)", flush=True)
+            print(dataset, split, columns, draw, f"rmse {row['rmse']:.4g} nlpd {row['nlpd']:.3f} "
+                  f"kept [{row['selected']}] ({seconds:.0f} s)", flush=True)
 
 
 def _split(row: dict) -> int:
