@@ -5,7 +5,8 @@
     python experiments/iteration_budget.py report OUT.jsonl
 
 Each (dataset, split, method, max_iter) is fitted as ``calibration.py run`` fits it at the defaults (D = 1024,
-the estimator's draws, 20% held out) with ``max_iter`` final iterations, and scored on the test rows: RMSE,
+the estimator's draws, 20% held out) with ``max_iter`` final iterations (and ``--patience``: the iterations
+without a better held-out score after which an optimisation stops), and scored on the test rows: RMSE,
 NLPD, 95% coverage, the final optimisation's iterations, and the first draw's held-out score at every iterate
 (``FitHistory.validation_loss``), from which the report says where a stopping rule on that score would have
 stopped. One JSON line per fit, appended as it finishes (a killed run resumes). Data from ``$ALACARTE_DATA``.
@@ -28,7 +29,9 @@ import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import model_name, package_version, parse_splits  # noqa: E402
 from alacarte.factory import draws_for_features, make_model  # noqa: E402
+from alacarte.holdout import PATIENCE  # noqa: E402
 from alacarte.regressor import mixture_moments  # noqa: E402
+from alacarte.training import _optimization  # noqa: E402
 
 NUM_SAMPLES = 512
 
@@ -58,15 +61,18 @@ def fit_cell(data, split: int, method: str, max_iter: int) -> dict:
 def run(args) -> None:
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
-    done = {(r["dataset"], r["split"], r["method"], r["max_iter"]) for r in read_rows(args.out)}
+    _optimization.PATIENCE = args.patience  # the early stopping's, read by each held-out score
+    done = {(r["dataset"], r["split"], r["method"], r["max_iter"], r.get("patience", PATIENCE))
+            for r in read_rows(args.out)}
     for dataset in args.datasets:
         for split in parse_splits(args.splits):
             data = ac.load_uci(dataset, split)
             for method in args.methods:
                 for max_iter in args.max_iter:
-                    if (dataset, split, method, max_iter) in done:
+                    if (dataset, split, method, max_iter, args.patience) in done:
                         continue
                     row = {"dataset": dataset, "split": split, "method": method, "max_iter": max_iter,
+                           "patience": args.patience,
                            **fit_cell(data, split, method, max_iter)}
                     append_row(args.out, row)
                     print(f"{dataset} {split} {method} max_iter {max_iter}: rmse {row['rmse']:.4g} "
@@ -87,12 +93,14 @@ def stop_at(trace: list[float], patience: int, min_gain: float) -> int:
 
 def report(args) -> str:
     rows = read_rows(args.out)
-    lines = ["| dataset | split | method | max_iter | RMSE | NLPD | cov 95% | iterations | CPU s "
-             "| stop at gain ≥ 1e-3 | ≥ 1e-2 |", "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (r["dataset"], r["method"], r["split"], r["max_iter"])):
+    lines = ["| dataset | split | method | max_iter | patience | RMSE | NLPD | cov 95% | iterations | CPU s "
+             "| stop at gain ≥ 1e-3 | ≥ 1e-2 |", "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["dataset"], r["method"], r["split"], r["max_iter"],
+                                         r.get("patience", PATIENCE))):
         trace = r["validation_loss"]
         stops = [stop_at(trace, 20, gain) if trace else "" for gain in (1e-3, 1e-2)]
-        lines.append(f"| {r['dataset']} | {r['split']} | {r['method']} | {r['max_iter']} | {r['rmse']:.4g} | "
+        lines.append(f"| {r['dataset']} | {r['split']} | {r['method']} | {r['max_iter']} | "
+                     f"{r.get('patience', PATIENCE)} | {r['rmse']:.4g} | "
                      f"{r['nlpd']:.3f} | {r['coverage95']:.3f} | {', '.join(map(str, r['iterations']))} | "
                      f"{r['cpu_seconds']:.0f} | {stops[0]} | {stops[1]} |")
     return "\n".join(lines)
@@ -107,6 +115,8 @@ def main(argv=None) -> None:
     r.add_argument("--methods", nargs="+", required=True)
     r.add_argument("--splits", default="0-2")
     r.add_argument("--max-iter", nargs="+", type=int, default=[100, 1000])
+    r.add_argument("--patience", type=int, default=PATIENCE,
+                   help=f"iterations without a better held-out score before a fit stops (default {PATIENCE}, fit's)")
     p = sub.add_parser("report")
     p.add_argument("out")
     args = parser.parse_args(argv)
