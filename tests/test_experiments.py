@@ -120,7 +120,7 @@ def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_
     args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
                               feature_draws=None)
     text = calibration.report(args)
-    assert "| gm | 1/1 (+0.05) |" in text  # against split 0's 0.0, not the three splits' mean
+    assert "| gm | 1/1 (+0.05) | — | 0/0 | 0/0 | 0/1 |" in text  # against split 0's 0.0, not the three splits' mean
     assert "| ds [3] | 2.00 | 0.05 [1] |" in text
 
 
