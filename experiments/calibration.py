@@ -57,27 +57,36 @@ def _model(method: str, data, seed: int, args):
                       num_components=mixture_components(components, n), seed=seed)
 
 
-def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> dict:
-    n = data.x_train.shape[0]
-    means, variances, histories, noises, start = [], [], [], [], time.perf_counter()
+def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, list, list]:
+    """Fit ``draws`` models ``build(seed)`` on the training rows with ``alacarte.fit`` (``settings`` passed on)
+    and the seeds ``AlaCarteRegressor(random_state=split)`` gives its draws; returns the test scores of
+    their equal mixture's moment-matched Gaussian, which is what the estimator predicts, the fitted models
+    and their histories."""
+    means, variances, models, histories = [], [], [], []
     for k in range(draws):
-        seed = split + 1000 * k  # AlaCarteRegressor(random_state=split)'s draws
-        model = _model(method, data, seed, args)
+        seed = split + 1000 * k
+        model = build(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            histories.append(ac.fit(model, data.x_train, data.y_train, seed=seed, progress=False,
-                                    validation_fraction=args.validation_fraction))
+            histories.append(ac.fit(model, data.x_train, data.y_train, seed=seed, progress=False, **settings))
         pred = model.predict(data.x_test)
         means.append(pred.mean)
         variances.append(pred.observed_variance)
-        noises.append(float(model.likelihood.noise.detach().min()))
-    seconds = time.perf_counter() - start
+        models.append(model)
     mean, variance = mixture_moments(torch.stack(means), torch.stack(variances))
-    scores = predictive_scores(mean, variance, torch.as_tensor(data.y_test))
+    return predictive_scores(mean, variance, torch.as_tensor(data.y_test)), models, histories
+
+
+def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> dict:
+    n = data.x_train.shape[0]
+    start = time.perf_counter()
+    scores, models, histories = fit_draws(data, split, draws, lambda seed: _model(method, data, seed, args),
+                                          validation_fraction=args.validation_fraction)
+    seconds = time.perf_counter() - start
     return {"dataset": dataset, "split": split, "method": method,
             "validation_fraction": args.validation_fraction,
             "num_features": 0 if method.startswith("exact") else 2 * args.num_samples, "n_train": n, **scores,
-            "noise": noises[0], "held_out_rows": histories[0].held_out_rows,
+            "noise": float(models[0].likelihood.noise.detach().min()), "held_out_rows": histories[0].held_out_rows,
             "iterations": histories[0].iterations, "seconds": round(seconds, 2), "version": package_version(),
             "num_draws": draws}
 

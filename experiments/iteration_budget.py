@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -24,13 +23,12 @@ import torch
 # This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
+from calibration import fit_draws  # noqa: E402
 
 import alacarte as ac  # noqa: E402
-from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import model_name, package_version, parse_splits  # noqa: E402
 from alacarte.factory import draws_for_features, make_model  # noqa: E402
 from alacarte.holdout import PATIENCE  # noqa: E402
-from alacarte.regressor import mixture_moments  # noqa: E402
 from alacarte.training import _optimization  # noqa: E402
 
 NUM_SAMPLES = 512
@@ -39,20 +37,13 @@ NUM_SAMPLES = 512
 def fit_cell(data, split: int, method: str, max_iter: int) -> dict:
     n, d = data.x_train.shape
     draws = 1 if method.startswith("exact") else draws_for_features("auto", 2 * NUM_SAMPLES, n)
-    means, variances, histories, start = [], [], [], time.process_time()
-    for k in range(draws):
-        seed = split + 1000 * k  # AlaCarteRegressor(random_state=split)'s draws
-        model = make_model(model_name(method, n), d, num_samples=NUM_SAMPLES, seed=seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            histories.append(ac.fit(model, data.x_train, data.y_train, seed=seed, progress=False, max_iter=max_iter))
-        pred = model.predict(data.x_test)
-        means.append(pred.mean)
-        variances.append(pred.observed_variance)
+    start = time.process_time()
+    scores, _, histories = fit_draws(
+        data, split, draws, lambda seed: make_model(model_name(method, n), d, num_samples=NUM_SAMPLES, seed=seed),
+        max_iter=max_iter)
     seconds = time.process_time() - start
-    mean, variance = mixture_moments(torch.stack(means), torch.stack(variances))
     first = histories[0]
-    return {**predictive_scores(mean, variance, torch.as_tensor(data.y_test)), "draws": draws,
+    return {**scores, "draws": draws,
             "cpu_seconds": round(seconds, 1), "iterations": [h.iterations for h in histories],
             "best_iteration": first.best_iteration, "validation_loss": first.validation_loss,
             "version": package_version()}
