@@ -4,6 +4,7 @@
     python experiments/se1_relevance.py reentry OUT.jsonl --reps 0
     python experiments/se1_relevance.py scan OUT.jsonl --reps 0,1,2,3,4 --n 5000
     python experiments/se1_relevance.py fresh OUT.jsonl --reps 0,1,2,3,4 --n 5000 [--num-samples 512]
+    python experiments/se1_relevance.py exact OUT.jsonl --reps 0 --n 2000 --sizes 128,512,1024
 
 ``subsets``: plain FSARD (ARD, all rows, no held-out rows) on the columns {x₇, x₈, x₉} and on
 {x₁, x₃, x₇, x₈, x₉} of a fresh SE1 draw (n = 10 000, 1 000 test rows), at the settings of
@@ -15,7 +16,12 @@ in standardised units.  ``scan``: the benchmark's fit and ``select_inputs`` (``n
 the marginal likelihood (``gains``, nats; negative: it falls) when one zeroed input, or x₁ and x₃ together
 (``pair``), re-enters at ``q`` times the median fitted γ, nothing refitted.  ``fresh``: each input's cost
 (``select_inputs``'s) on the fitted draw and its mean and standard deviation over 6 fresh feature draws
-(``FeatureKernel.redrawn``), after the fit and after ``select_inputs``.  One thread.
+(``FeatureKernel.redrawn``), after the fit and after ``select_inputs``.  ``exact``: on the benchmark's
+split (``n`` rows), the exact ARD GP and the Fastfood RBF feature GP with each of ``--sizes`` frequencies
+(no learned radii: what its features lose is the kernel's, not a draw's), both by marginal likelihood
+on all rows, on {x₇, x₈, x₉} and on {x₁, x₃, x₇, x₈, x₉}: the total negative log marginal
+likelihood (``nll``, nats, standardised targets) says what x₁ and x₃ are worth to the kernel with
+all its features and with D of them.  One thread.
 """
 from __future__ import annotations
 
@@ -163,6 +169,25 @@ def fresh(out, reps: list[int], n: int, num_samples: int | None) -> None:
                          after_select=costs()))
 
 
+def exact(out, reps: list[int], n: int, sizes: list[int]) -> None:
+    for rep in reps:
+        ((x, y), _, (xt, yt)), _, seed = split("se1", n, rep)
+        for cols in ([6, 7, 8], [0, 2, 6, 7, 8]):
+            d = len(cols)
+            models = [("exact-ard", None, lambda: ac.ExactRBFGP(None, None, num_dims=d, ard=True))]
+            models += [("rbf", m, lambda m=m: ac.FeatureGP(None, None, ac.FastfoodRBFKernel(
+                d, m, ard_num_dims=d, seed=seed))) for m in sizes]
+            for name, m, build in models:
+                torch.manual_seed(seed)
+                model = build().double()
+                start = time.time()
+                history = _fit(model, x[:, cols], y, seed)
+                pred = model.predict(xt[:, cols], mean_only=True).mean.numpy()
+                _write(out, dict(part="exact", n=n, rep=rep, model=name, num_samples=m, cols=cols,
+                                 nll=history.final_loss * n, rmse=float(np.sqrt(np.mean((pred - yt) ** 2))),
+                                 seconds=round(time.time() - start, 1)))
+
+
 def _write(out: Path, row: dict) -> None:
     append_row(out, row)
     print(row, flush=True)
@@ -170,11 +195,12 @@ def _write(out: Path, row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["subsets", "reentry", "scan", "fresh"])
+    parser.add_argument("part", choices=["subsets", "reentry", "scan", "fresh", "exact"])
     parser.add_argument("out", type=Path)
     parser.add_argument("--reps", default="2", help="subsets: how many; the others: which, comma-separated")
     parser.add_argument("--n", type=int, default=N, help="scan, fresh: training rows (the benchmark's split)")
     parser.add_argument("--num-samples", type=int, default=None, help="fresh: D (default: the benchmark's)")
+    parser.add_argument("--sizes", default="128,512,1024", help="exact: the feature GPs' frequencies, comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.part == "subsets":
@@ -183,6 +209,8 @@ def main() -> None:
     reps = [int(r) for r in args.reps.split(",")]
     if args.part == "reentry":
         reentry(args.out, reps)
+    elif args.part == "exact":
+        exact(args.out, reps, args.n, [int(m) for m in args.sizes.split(",")])
     elif args.part == "scan":
         scan(args.out, reps, args.n)
     else:
