@@ -26,7 +26,7 @@ from _csv_rows import read_rows  # noqa: E402  (experiments/, the script's own f
 RESULTS = ROOT / "experiments/results"
 PAPER = ROOT / "experiments/srff_paper_tables.csv"
 RELEVANT = {"se1": {0, 2, 6, 7, 8}, "se2": set(range(10, 15)), "se3": set(range(10))}
-ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-wide", "gp-simplex-band", "gp-simplex-draws", "gp-fsard",
+ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-wide", "gp-simplex-rbf", "gp-simplex-band", "gp-simplex-draws", "gp-fsard",
          "rffnet", "mean", "ridge", "lasso"]
 
 
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         "--out experiments/results/selection_srff_se3.csv` at 57d8591 (both one thread beside three or four other jobs), "
         "`--problems se2 --n 10000 --methods srff --out experiments/results/selection_srff_se2_10k.csv` at 17c2c07 "
         "(one thread beside one to three other jobs, 800–2 150 s a replication), "
+        "`--problems se1 --n 5000 --methods gp-simplex-rbf --out experiments/results/selection_gp_rbf.csv` at "
+        "fb2df66 (one thread beside two to four other jobs), "
         "`--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
         "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "
