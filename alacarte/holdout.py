@@ -60,6 +60,8 @@ SCALE_PRIOR_ROWS = 20
 # The noise search's range in standardised units (the targets' variance is 1), and its precision in log σ².
 _NOISE_RANGE = (1e-6, 10.0)
 _LOG_NOISE_TOLERANCE = 1e-3
+# A search that ends within this (in log σ²) of its lower end has ended on it.
+_AT_BOUND = 0.01
 
 
 def check_fraction(fraction) -> float | str:
@@ -241,6 +243,12 @@ class HeldOut:
         log σ² for the lowest score of the held-out rows, each predicted from all other rows
         (:meth:`calibration_score`), then multiply σ² and σ_f² by that σ²'s s*.
 
+        The constraint's lower bound guards the marginal likelihood, which σ² → 0 can reward on
+        rows it has seen; the held-out rows have not been seen.  Where the search ends on the
+        bound, it goes on below it, down to 1e-6, and where the rows choose less than the bound
+        allows, the bound (a buffer, saved with the model) is lowered to 5e-7; elsewhere it is
+        left as it was.
+
         Returns:
             (σ², s*) as set, or ``None`` when the noise or the signal variance is not trained
             (``requires_grad`` off) and the model is left alone.
@@ -249,12 +257,25 @@ class HeldOut:
         signal = signal_variance_parameter(self.model)
         if not noise_covar.raw_noise.requires_grad or signal is None or not signal[0].requires_grad:
             return None
-        constraint = noise_covar.raw_noise_constraint
-        low = max(_NOISE_RANGE[0], 2 * float(constraint.lower_bound))
-        high = min(_NOISE_RANGE[1], float(constraint.upper_bound))
-        current = float(self.model.likelihood.noise.min())
+        floor = noise_covar.raw_noise_constraint.lower_bound.clone()
+        low = max(_NOISE_RANGE[0], 2 * float(floor.max()))
+        high = min(_NOISE_RANGE[1], float(noise_covar.raw_noise_constraint.upper_bound))
         measure = self.calibration_score()
-        best = (measure()[0], current)
+        best = self._search(measure, low, high, (measure()[0], float(self.model.likelihood.noise.min())))
+        relaxed = floor.clamp_max(_NOISE_RANGE[0] / 2)
+        below = low > _NOISE_RANGE[0] and math.log(best[1] / low) < _AT_BOUND
+        if below:  # the search ended on the likelihood's floor: the held-out rows may want less
+            _set_noise_bound(self.model, relaxed, best[1])
+            best = self._search(measure, _NOISE_RANGE[0], low, best)
+        set_noise(self.model, best[1])
+        scale = measure()[1]
+        value = best[1] * scale
+        _set_noise_bound(self.model, relaxed if below and value < 2 * float(floor.max()) else floor, value)
+        scale_signal(self.model, scale)
+        return float(self.model.likelihood.noise.min()), scale
+
+    def _search(self, measure, low: float, high: float, best: tuple[float, float]) -> tuple[float, float]:
+        """(score, σ²): ``best`` or the bounded search's minimum of ``measure`` on log σ² in [low, high], the lower."""
         if low < high:
             def score(log_noise: float) -> float:
                 set_noise(self.model, math.exp(log_noise))
@@ -264,11 +285,13 @@ class HeldOut:
                                     options={"xatol": _LOG_NOISE_TOLERANCE})
             if found.fun < best[0]:
                 best = (found.fun, math.exp(found.x))
-        set_noise(self.model, best[1])
-        scale = measure()[1]
-        set_noise(self.model, best[1] * scale)
-        scale_signal(self.model, scale)
-        return float(self.model.likelihood.noise.min()), scale
+        return best
+
+
+def _set_noise_bound(model, bound: Tensor, noise: float) -> None:
+    """Set σ²'s constraint's lower bound (a buffer: saved with the model) to ``bound``, then σ² to ``noise``."""
+    model.likelihood.noise_covar.raw_noise_constraint.lower_bound.copy_(bound)
+    set_noise(model, noise)
 
 
 def training_statistics(model) -> SufficientStatistics | None:

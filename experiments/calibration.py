@@ -4,6 +4,7 @@
         --datasets breastcancer pendulum --methods exact-ard fsard gm --splits 0-2
     python experiments/calibration.py report experiments/results/calibration.csv \
         [--paper-protocol experiments/results/uci_full.csv] > experiments/results/calibration.md
+    python experiments/calibration.py compare BEFORE.csv [...] --after AFTER.csv
 
 ``run`` fits each (dataset, split, method) with ``alacarte.fit``'s defaults (restarts, max_iter)
 and 20% of the training rows held out (``--validation-fraction``; 0 is the À la carte paper's
@@ -230,6 +231,37 @@ def summary(cells, paper, datasets, methods) -> list[str]:
     return out + [""]
 
 
+def _last_rows(paths, setting) -> dict:
+    """The rows of ``paths`` (later ones win) at the held-out protocol with the draws ``setting`` asks, by cell."""
+    rows = [r for path in paths for r in read_rows(path)]
+    return {(r["dataset"], int(r["split"]), r["method"]): r for r in rows
+            if row_draws(r) == _wanted_draws(r, setting) and str(r["validation_fraction"]) == str(RECOMMENDED_FRACTION)}
+
+
+def compare(args) -> str:
+    """Each cell of ``--after`` beside the same cell in the ``before`` CSVs: NLPD, RMSE and 95% coverage,
+    then per dataset the mean change over its cells."""
+    before, after = _last_rows(args.before, args.num_draws), _last_rows([args.after], args.num_draws)
+    shared = [key for key in after if key in before]
+    out = ["| dataset | split | kernel | NLPD before → after | RMSE before → after | cov 95% before → after |",
+           "|---|---:|---|---|---|---|"]
+    changes = defaultdict(list)
+    for key in sorted(shared):
+        b, a = before[key], after[key]
+        changes[key[0]].append((float(a["nlpd"]) - float(b["nlpd"]), float(a["rmse"]) / float(b["rmse"])))
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {float(b['nlpd']):.3f} → {float(a['nlpd']):.3f} | "
+                   f"{float(b['rmse']):.4g} → {float(a['rmse']):.4g} | "
+                   f"{float(b['coverage95']):.2f} → {float(a['coverage95']):.2f} |")
+    out += ["", "| dataset | cells | NLPD lower / within ±0.001 / higher | mean NLPD change | mean RMSE ratio |",
+            "|---|---:|---:|---:|---:|"]
+    for ds, pairs in changes.items():
+        nlpd = [d for d, _ in pairs]
+        lower, higher = sum(d < -1e-3 for d in nlpd), sum(d > 1e-3 for d in nlpd)
+        out.append(f"| {ds} | {len(pairs)} | {lower} / {len(nlpd) - lower - higher} / {higher} | "
+                   f"{_mean(nlpd):+.3f} | {_mean([r for _, r in pairs]):.3f} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -254,11 +286,15 @@ def main(argv=None) -> None:
     p.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="report the rows with this many draws (default auto: the estimator's rule per cell)")
     p.add_argument("--feature-draws", nargs="*", help="feature_draws.py JSON lines to add")
+    c = sub.add_parser("compare", help="the cells of one CSV beside the same cells in others")
+    c.add_argument("before", nargs="+")
+    c.add_argument("--after", required=True)
+    c.add_argument("--num-draws", type=draws_setting, default="auto")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)
     else:
-        print(report(args))
+        print(report(args) if args.command == "report" else compare(args))
 
 
 if __name__ == "__main__":

@@ -140,6 +140,22 @@ def test_the_calibration_report_takes_a_csv_rerun_over_a_feature_draw_line_of_th
     assert "| ds [1] | 0.00 | 0.25 |" in calibration.report(args)
 
 
+def test_the_calibration_comparison_pairs_each_rerun_cell_with_its_latest_earlier_row(tmp_path):
+    import calibration
+
+    before, after = tmp_path / "before.csv", tmp_path / "after.csv"
+    cell = dict(dataset="ds", method="gm", validation_fraction=0.2, num_features=1024, n_train=100, num_draws=1,
+                coverage50=0.5, std_over_rmse=1.0)
+    for path, split, nlpd, rmse, cov in [(before, 0, 9.0, 9.0, 0.5), (before, 0, 1.0, 2.0, 0.99),
+                                         (before, 1, 0.5, 1.0, 0.95), (after, 0, 0.5, 1.0, 0.95),
+                                         (after, 2, 0.0, 1.0, 0.95)]:  # split 2 has no earlier row
+        append_row(path, calibration.FIELDS, dict(cell, split=split, nlpd=nlpd, rmse=rmse, coverage95=cov))
+    text = calibration.compare(argparse.Namespace(before=[before], after=after, num_draws=1))
+    assert "| ds | 0 | gm | 1.000 → 0.500 | 2 → 1 | 0.99 → 0.95 |" in text
+    assert "| ds | 1 | gm |" not in text and "| ds | 2 | gm |" not in text
+    assert "| ds | 1 | 1 / 0 / 0 | -0.500 | 0.500 |" in text
+
+
 def test_the_calibration_mixture_of_draws_is_what_the_estimator_predicts(tmp_path):
     import calibration
     import numpy as np

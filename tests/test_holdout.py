@@ -241,6 +241,38 @@ def test_the_noise_and_scale_are_the_calibration_scores_minimum():
     assert scorer.score_and_scale()[0] > best
 
 
+def test_noise_free_targets_get_a_band_below_the_likelihoods_noise_floor(tmp_path):
+    """On targets without noise the predictive band is what the features miss.  The likelihood's σ²
+    is bounded below (GPyTorch's 1e-4, standardised), which here would make the band 14 times the
+    error; the held-out rows choose σ² below the bound, the bound is lowered with it, and the band
+    matches the error on fresh points.  The lowered bound is saved with the model."""
+    from alacarte.io import load_model, save_model
+
+    rng = np.random.default_rng(0)
+    x, xt = rng.uniform(-2, 2, size=(300, 3)), rng.uniform(-2, 2, size=(2000, 3))
+    f = lambda z: np.sin(2 * z[:, 0]) + z[:, 1]  # noqa: E731
+    model = make_model("fsard", 3, num_samples=64, seed=0)
+    history = ac.fit(model, x, f(x), max_iter=50, progress=False, seed=0)
+    bound = model.likelihood.noise_covar.raw_noise_constraint.lower_bound
+    assert history.held_out_noise < 2e-4 and float(bound) < 1e-6
+    pred = model.predict(torch.as_tensor(xt))
+    error = pred.mean.numpy() - f(xt)
+    rmse, std = float(np.sqrt(np.mean(error**2))), pred.observed_variance.sqrt().numpy()
+    assert math.sqrt(2e-4) * f(x).std() > 10 * rmse  # the bound's band would be ten times too wide
+    assert 0.6 < std.mean() / rmse < 1.6 and np.mean(np.abs(error) < 1.96 * std) >= 0.92
+    again = load_model(save_model(model, tmp_path / "m.alacarte"))
+    assert torch.equal(again.likelihood.noise_covar.raw_noise_constraint.lower_bound, bound)
+    assert torch.equal(again.predict(torch.as_tensor(xt)).observed_variance, pred.observed_variance)
+
+
+def test_noisy_targets_keep_the_likelihoods_noise_floor():
+    x, y = data(n=200, noise=0.3)
+    model = make_model("fsard", 3, num_samples=64)
+    ac.fit(model, x, y, max_iter=20, restarts=1, restart_iter=3, progress=False)
+    assert float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound) == pytest.approx(1e-4)
+    assert float(model.likelihood.noise) > 2e-4
+
+
 def test_streamed_data_refuse_held_out_rows():
     x, y = data()
     with pytest.raises(ValueError, match="validation_fraction is for rows in memory"):

@@ -71,7 +71,9 @@ def fit(
     predictive density at its best overall variance scale, each optimisation
     (restart, final, refit) ends at its best-scored iterate and stops after 20
     iterations without a better one, the restarts and the refit are chosen by that
-    score, and then σ² and the scale of σ_f² and σ² are set to minimise it.  The
+    score, and then σ² and the scale of σ_f² and σ² are set to minimise it (σ² may
+    go below the noise constraint's lower bound, which guards the likelihood, not
+    the held-out rows; the bound is then lowered with it).  The
     posterior is conditioned on all rows.  Learned spectra otherwise over-fit the
     likelihood — they tune the finite feature map until it interpolates the
     training targets — and a finite map's posterior variance between the training
