@@ -25,7 +25,6 @@ def test_the_tutorial_quotes_the_committed_numbers():
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/uci is not present")
-@pytest.mark.filterwarnings("ignore:the noise variance ended at its lower bound")  # one draw's; the tutorial says so
 def test_the_tutorials_fit_gives_the_committed_numbers():
     from alacarte import AlaCarteRegressor, load_uci
 
