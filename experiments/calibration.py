@@ -117,6 +117,11 @@ def run(args) -> None:
                       f"cov95 {row['coverage95']:.2f} ({row['seconds']:.0f} s)", flush=True)
 
 
+def _counted(rows, setting) -> list[dict]:
+    """The rows with the draws ``setting`` asks for (``auto``: the estimator's rule per cell)."""
+    return [r for r in rows if row_draws(r) == _wanted_draws(r, setting)]
+
+
 def _wanted_draws(row: dict, setting) -> int:
     """The draws a row must have to count under ``--num-draws setting`` (``auto``: the estimator's rule)."""
     if setting != "auto":  # a row's n_train is then not needed
@@ -151,8 +156,7 @@ def report(args) -> str:
     n_train = {r["dataset"]: r["n_train"] for r in rows}
     # The feature-draw lines first: a CSV row of the same cell is a later re-run of it.
     rows = [r for path in args.feature_draws or [] for r in _feature_draw_rows(path, n_train)] + rows
-    rows = [r for r in rows if row_draws(r) == _wanted_draws(r, args.num_draws)]
-    rows = list({_key(r): r for r in rows}.values())  # later files win
+    rows = list({_key(r): r for r in _counted(rows, args.num_draws)}.values())  # later files win
     cells = defaultdict(dict)  # (dataset, method) -> split -> metric -> value
     for r in rows:
         # The reference, exact ARD, by the marginal likelihood of all its rows.
@@ -231,17 +235,17 @@ def summary(cells, paper, datasets, methods) -> list[str]:
     return out + [""]
 
 
-def _last_rows(paths, setting) -> dict:
-    """The rows of ``paths`` (later ones win) at the held-out protocol with the draws ``setting`` asks, by cell."""
-    rows = [r for path in paths for r in read_rows(path)]
-    return {(r["dataset"], int(r["split"]), r["method"]): r for r in rows
-            if row_draws(r) == _wanted_draws(r, setting) and str(r["validation_fraction"]) == str(RECOMMENDED_FRACTION)}
+def _last_rows(paths, setting, protocol: str) -> dict:
+    """The rows of ``paths`` (later ones win) at ``protocol`` with the draws ``setting`` asks, by cell."""
+    rows = _counted([r for path in paths for r in read_rows(path)], setting)
+    return {(r["dataset"], int(r["split"]), r["method"]): r for r in rows if str(r["validation_fraction"]) == protocol}
 
 
 def compare(args) -> str:
     """Each cell of ``--after`` beside the same cell in the ``before`` CSVs: NLPD, RMSE and 95% coverage,
     then per dataset the mean change over its cells."""
-    before, after = _last_rows(args.before, args.num_draws), _last_rows([args.after], args.num_draws)
+    before = _last_rows(args.before, args.num_draws, args.protocol)
+    after = _last_rows([args.after], args.num_draws, args.protocol)
     shared = [key for key in after if key in before]
     out = ["| dataset | split | kernel | NLPD before → after | RMSE before → after | cov 95% before → after |",
            "|---|---:|---|---|---|---|"]
@@ -290,6 +294,7 @@ def main(argv=None) -> None:
     c.add_argument("before", nargs="+")
     c.add_argument("--after", required=True)
     c.add_argument("--num-draws", type=draws_setting, default="auto")
+    c.add_argument("--protocol", default=str(RECOMMENDED_FRACTION))
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)

@@ -5,6 +5,7 @@
     python experiments/se1_relevance.py scan OUT.jsonl --reps 0,1,2,3,4 --n 5000
     python experiments/se1_relevance.py fresh OUT.jsonl --reps 0,1,2,3,4 --n 5000 [--num-samples 512]
     python experiments/se1_relevance.py exact OUT.jsonl --reps 0 --n 2000 --sizes 128,512,1024
+    python experiments/se1_relevance.py optimum OUT.jsonl --reps 0,1,3 --n 5000
 
 ``subsets``: plain FSARD (ARD, all rows, no held-out rows) on the columns {x₇, x₈, x₉} and on
 {x₁, x₃, x₇, x₈, x₉} of a fresh SE1 draw (n = 10 000, 1 000 test rows), at the settings of
@@ -21,7 +22,11 @@ split (``n`` rows), the exact ARD GP and the Fastfood RBF feature GP with each o
 (no learned radii: what its features lose is the kernel's, not a draw's), both by marginal likelihood
 on all rows, on {x₇, x₈, x₉} and on {x₁, x₃, x₇, x₈, x₉}: the total negative log marginal
 likelihood (``nll``, nats, standardised targets) says what x₁ and x₃ are worth to the kernel with
-all its features and with D of them.  One thread.
+all its features and with D of them.  ``optimum``: ``gp-simplex-rbf``'s fit (before ``select_inputs``) on
+the benchmark's replication, then the same fit moved to x₁ and x₃ at γ = 1.5 and refitted (150 iterations):
+at each, γ, the total ``nll`` and every input's cost on the fitted draw, on ``select_inputs``' fresh draws
+(mean) and under the exact kernel these parameters approximate (σ_f² exp(−½‖γ ⊙ (x − x′)‖²), the fitted σ²)
+on ``--rows`` of the training rows.  One thread.
 """
 from __future__ import annotations
 
@@ -42,7 +47,8 @@ from alacarte.datasets import make_se1  # noqa: E402
 from alacarte.selection.evidence import input_costs, select_inputs  # noqa: E402
 from alacarte.training import negative_mll  # noqa: E402
 from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
-from selection_benchmark import gp_settings, split  # noqa: E402
+from alacarte.selection.evidence import FRESH_DRAWS, fresh_seeds  # noqa: E402
+from selection_benchmark import RBF_SAMPLES, gp_settings, split  # noqa: E402
 
 N = 10000
 
@@ -108,13 +114,13 @@ def reentry(out, reps: list[int]) -> None:
 QS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)
 
 
-def _benchmark_fit(n: int, rep: int, num_samples: int | None = None):
+def _benchmark_fit(n: int, rep: int, num_samples: int | None = None, kernel_class=ac.FSARDKernel):
     (train, _, _), _, seed = split("se1", n, rep)
     x, y = train
     d = x.shape[1]
     torch.manual_seed(seed)
     s = gp_settings(n, d)
-    kernel = ac.FSARDKernel(d, num_samples or s["num_samples"], ard_num_dims=d, seed=seed, simplex=True).double()
+    kernel = kernel_class(d, num_samples or s["num_samples"], ard_num_dims=d, seed=seed, simplex=True).double()
     model = ac.FeatureGP(None, None, kernel).double()
     _fit(model, x, y, seed, max_iter=s["max_iter"], restarts=s["restarts"], restart_iter=10)
     return model, kernel, x, y, seed
@@ -188,6 +194,45 @@ def exact(out, reps: list[int], n: int, sizes: list[int]) -> None:
                                  seconds=round(time.time() - start, 1)))
 
 
+@torch.no_grad()
+def _exact_costs(model, kernel, rows: int) -> list[float]:
+    """Each input's cost (nats) under the exact kernel of the fitted γ, σ_f² and σ², on ``rows`` training rows."""
+    x, y = model.train_inputs[0], model.train_targets
+    pick = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:rows]
+    x, r = x[pick], y[pick] - model.mean_module(x[pick])
+    signal, noise = float(kernel.prior_variance().reshape(-1)[0]), float(model.likelihood.noise.reshape(-1)[0])
+
+    def nll(gamma):
+        z = (x * gamma)[:, None, :] - (x * gamma)[None, :, :]
+        factor = torch.linalg.cholesky(signal * torch.exp(-0.5 * (z ** 2).sum(-1)) + noise * torch.eye(len(r)))
+        return float(0.5 * r @ torch.cholesky_solve(r[:, None], factor)[:, 0] + torch.log(factor.diagonal()).sum())
+
+    gamma = kernel.inverse_lengthscale().detach().reshape(-1)
+    base = nll(gamma)
+    return [round(nll(gamma * (torch.arange(len(gamma)) != j)) - base, 1) if gamma[j] > 0 else 0.0
+            for j in range(len(gamma))]
+
+
+def optimum(out, reps: list[int], n: int, rows: int) -> None:
+    for rep in reps:
+        model, kernel, x, y, seed = _benchmark_fit(n, rep, RBF_SAMPLES, ac.FastfoodRBFKernel)
+        seeds = fresh_seeds(kernel, FRESH_DRAWS)
+        for start in ("fit", "x1,x3 at 1.5"):
+            if start != "fit":
+                gamma = kernel.inverse_lengthscale().detach().clone()
+                gamma[..., [0, 2]] = 1.5
+                kernel._set_simplex_gamma(gamma)
+                _fit(model, x, y, seed, max_iter=150, restarts=0)
+            model.train()
+            gamma = kernel.inverse_lengthscale().detach().clone()
+            _write(out, dict(part="optimum", n=n, rep=rep, start=start,
+                             gamma=[round(float(g), 3) for g in gamma.reshape(-1)],
+                             nll=round(_total_loss(model, kernel, gamma), 1),
+                             cost_fitted=[round(float(c), 1) for c in input_costs(model, kernel)],
+                             cost_fresh=[round(float(c), 1) for c in input_costs(model, kernel, seeds)],
+                             cost_exact=_exact_costs(model, kernel, rows), exact_rows=rows))
+
+
 def _write(out: Path, row: dict) -> None:
     append_row(out, row)
     print(row, flush=True)
@@ -195,12 +240,13 @@ def _write(out: Path, row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["subsets", "reentry", "scan", "fresh", "exact"])
+    parser.add_argument("part", choices=["subsets", "reentry", "scan", "fresh", "exact", "optimum"])
     parser.add_argument("out", type=Path)
     parser.add_argument("--reps", default="2", help="subsets: how many; the others: which, comma-separated")
     parser.add_argument("--n", type=int, default=N, help="scan, fresh: training rows (the benchmark's split)")
     parser.add_argument("--num-samples", type=int, default=None, help="fresh: D (default: the benchmark's)")
     parser.add_argument("--sizes", default="128,512,1024", help="exact: the feature GPs' frequencies, comma-separated")
+    parser.add_argument("--rows", type=int, default=2000, help="optimum: the rows the exact kernel's costs are read on")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.part == "subsets":
@@ -213,6 +259,8 @@ def main() -> None:
         exact(args.out, reps, args.n, [int(m) for m in args.sizes.split(",")])
     elif args.part == "scan":
         scan(args.out, reps, args.n)
+    elif args.part == "optimum":
+        optimum(args.out, reps, args.n, args.rows)
     else:
         fresh(args.out, reps, args.n, args.num_samples)
 

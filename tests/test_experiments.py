@@ -150,7 +150,7 @@ def test_the_calibration_comparison_pairs_each_rerun_cell_with_its_latest_earlie
                                          (before, 1, 0.5, 1.0, 0.95), (after, 0, 0.5, 1.0, 0.95),
                                          (after, 2, 0.0, 1.0, 0.95)]:  # split 2 has no earlier row
         append_row(path, calibration.FIELDS, dict(cell, split=split, nlpd=nlpd, rmse=rmse, coverage95=cov))
-    text = calibration.compare(argparse.Namespace(before=[before], after=after, num_draws=1))
+    text = calibration.compare(argparse.Namespace(before=[before], after=after, num_draws=1, protocol="0.2"))
     assert "| ds | 0 | gm | 1.000 → 0.500 | 2 → 1 | 0.99 → 0.95 |" in text
     assert "| ds | 1 | gm |" not in text and "| ds | 2 | gm |" not in text
     assert "| ds | 1 | 1 / 0 / 0 | -0.500 | 0.500 |" in text

@@ -112,6 +112,10 @@ class FeatureKernel(Kernel):
     simplex_size = ConstrainedParameter()
     # Kernels whose spectrum carries its own mass (mixture weights) set this False.
     has_outputscale = True
+    #: Whether the features' expectation over draws is the RBF/ARD kernel σ_f² exp(−½‖γ ⊙ (x − x′)‖²)
+    #: (fixed random state, Gaussian frequencies): the kernel :func:`~alacarte.selection.select_inputs`
+    #: can then ask in closed form.
+    rbf_limit = False
     # φ(x)ᵀφ(x') = Σ_i w_i cos(ω_iᵀ(x − x')) for every draw.  GPyTorch's default is has_lengthscale, which
     # called GM, SSGPR and simplex kernels non-stationary (GridKernel, for one, refuses those).
     is_stationary = True

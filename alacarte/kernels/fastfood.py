@@ -107,6 +107,7 @@ class FastfoodRBFKernel(FeatureKernel):
     """
 
     has_lengthscale = True
+    rbf_limit = True
     _learn_radius = False
     _learn_blocks = False
 
@@ -153,6 +154,7 @@ class FSARDKernel(FastfoodRBFKernel):
         torch.Size([512])
     """
 
+    rbf_limit = False  # learned radii: the features' kernel is no longer the RBF
     _learn_radius = True
     radius = ConstrainedParameter()
 

@@ -40,6 +40,7 @@ class RandomFourierKernel(FeatureKernel):
     """
 
     has_lengthscale = True
+    rbf_limit = True
 
     def __init__(self, num_dims: int, num_samples: int, *, seed: int | None = None, **kwargs):
         super().__init__(num_dims, num_samples, **kwargs)

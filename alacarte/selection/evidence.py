@@ -18,6 +18,10 @@ The χ²₁ count holds for the kernel, not for one finite draw of its features:
 on a draw can fit that draw's chance features (an irrelevant input worth 10 nats on the
 fitted draw, −7 on fresh ones).  With ``draws`` the cost is measured on fresh draws of the
 kernel's random directions, every fitted parameter kept, where only the kernel's gain remains.
+Where the features' expectation is the RBF/ARD kernel (``rbf_limit``), ``draws="exact"`` asks
+that kernel itself, in closed form on up to :data:`EXACT_ROWS` rows: fresh finite draws
+under-value an input whose effect needs more features than D (a fast oscillation), the kernel
+does not.
 """
 from __future__ import annotations
 
@@ -33,12 +37,14 @@ import torch
 from .._validation import varying_columns
 from ..holdout import maximize_band_likelihood, resolve_fraction, split_rows
 from ..init import signal_variance_parameter
+from ..mll import homoskedastic_noise
 from ..training import fit, negative_mll
+from ..woodbury import cholesky_with_jitter
 
 if TYPE_CHECKING:
     from ..models import FeatureGP
 
-__all__ = ["select_inputs", "InputSelection", "selection_frequency", "SelectionFrequency"]
+__all__ = ["select_inputs", "InputSelection", "ClosedFormEvidence", "selection_frequency", "SelectionFrequency"]
 
 
 @dataclass
@@ -116,8 +122,64 @@ def _restored_weights(kernel: torch.nn.Module) -> Iterator[None]:
             kernel.simplex_size = size
 
 
-def _fresh_seeds(kernel: torch.nn.Module, draws: int) -> list[int]:
-    """``draws`` seeds for fresh feature draws, derived from the kernel's own (reproducible)."""
+#: Rows, at most, on which ``select_inputs(draws="exact")`` asks the kernel in closed form (an m×m
+#: Cholesky factorisation per question); a seeded subsample of them beyond.
+EXACT_ROWS = 5000
+
+
+class ClosedFormEvidence:
+    """The total negative log marginal likelihood (nats, up to a constant) of up to :data:`EXACT_ROWS`
+    of a model's training rows under the kernel its RBF-limit simplex kernel's features approximate,
+    σ_f² exp(−½‖γ ⊙ (x − x′)‖²), at the fitted γ, σ_f², σ² and mean, and how it moves when one γ_j does.
+
+    Args:
+        model: the :class:`~alacarte.FeatureGP`, with its training rows.
+        kernel: its simplex kernel, whose class has ``rbf_limit``.
+        seed: seed of the subsample where there are more rows than :data:`EXACT_ROWS`.
+    """
+
+    def __init__(self, model: "FeatureGP", kernel: torch.nn.Module, seed: int | None = 0):
+        x, y = model.train_inputs[0].detach(), model.train_targets.detach()
+        if len(y) > EXACT_ROWS:
+            pick = np.random.default_rng(None if seed is None else [seed, 0xe7ac7]).choice(len(y), EXACT_ROWS,
+                                                                                            replace=False)
+            x, y = x[torch.as_tensor(np.sort(pick), device=x.device)], y[torch.as_tensor(np.sort(pick), device=y.device)]
+        with torch.no_grad():
+            self.residual = (y - model.mean_module(x)).double()
+            self.signal = float(kernel.prior_variance())
+            self.noise = float(homoskedastic_noise(model.likelihood))
+        self.x = x.double()
+        self.gamma = kernel.inverse_lengthscale().detach().reshape(-1).double()
+        scaled = self.x * self.gamma
+        self.distance = torch.cdist(scaled, scaled, compute_mode="donot_use_mm_for_euclid_dist").square_()
+        self.base = self._nll(self.distance)
+
+    def _nll(self, distance: torch.Tensor) -> float:
+        covariance = distance.mul(-0.5).exp_().mul_(self.signal)
+        covariance.diagonal().add_(self.noise)
+        factor = cholesky_with_jitter(covariance)
+        weights = torch.cholesky_solve(self.residual[:, None], factor)[:, 0]
+        return float(0.5 * self.residual @ weights + factor.diagonal().log().sum())
+
+    @torch.no_grad()
+    def rise(self, j: int, value: float) -> float:
+        """The rise (nats) of the total negative log marginal likelihood when γ_j becomes ``value``."""
+        column = self.x[:, j]
+        shift = (column[:, None] - column[None, :]).square_().mul_(value ** 2 - float(self.gamma[j]) ** 2)
+        return self._nll(shift.add_(self.distance).clamp_(min=0)) - self.base
+
+    def costs(self) -> torch.Tensor:
+        """Per input, the rise when its γ_j alone is set to 0 (``inf`` for the only one in use; 0 out of use)."""
+        active = torch.nonzero(self.gamma > 0).reshape(-1).tolist()
+        costs = torch.zeros(len(self.gamma), dtype=torch.float64)
+        for j in active:
+            costs[j] = math.inf if len(active) == 1 else self.rise(j, 0.0)
+        return costs
+
+
+def fresh_seeds(kernel: torch.nn.Module, draws: int) -> list[int]:
+    """The ``draws`` seeds of the fresh feature draws :func:`select_inputs` asks, derived from the kernel's own
+    (reproducible)."""
     return [int(s) for s in np.random.SeedSequence(int(getattr(kernel, "seed", 0))).generate_state(draws, np.uint64)]
 
 
@@ -146,6 +208,18 @@ def entry_gains(model: "FeatureGP", kernel: torch.nn.Module, inputs: Sequence[in
                 table[a, b] = (base - float(negative_mll(model, x, y, backward=False))) * len(y)
     best, at = table.max(1) if len(inputs) else (table[:, 0], torch.zeros(0, dtype=torch.long))
     return best, torch.tensor(ENTRY_SCALES, dtype=torch.float64)[at] * reference
+
+
+def _closed_form_entries(evidence: ClosedFormEvidence, inputs: list[int], threshold: float) -> dict[int, float]:
+    """:func:`_entries` asked of the kernel in closed form."""
+    in_use = evidence.gamma[evidence.gamma > 0]
+    reference = float(in_use.median())
+    entries = {}
+    for j in inputs:
+        gain, q = max((-evidence.rise(j, q * reference), q) for q in ENTRY_SCALES)
+        if gain > threshold:
+            entries[j] = q * reference
+    return entries
 
 
 def _entries(model, kernel, inputs: list[int], seeds: list[int], threshold: float) -> dict[int, float]:
@@ -207,8 +281,11 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
             features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`, every learned parameter
             kept) and uses the mean cost (and the mean re-entry gain of the inputs the fitted draw
             would bring back).  A weight fitted on one finite draw can fit that draw's chance
-            features, a gain that a fresh draw does not repeat.  ``"auto"`` (default):
-            :data:`FRESH_DRAWS` where the kernel can redraw its features, else 0 (FSGBARD learns them).
+            features, a gain that a fresh draw does not repeat.  ``"exact"``, for a kernel whose
+            features approximate the RBF/ARD kernel (``rbf_limit``: Fastfood RBF, random kitchen
+            sinks), asks that kernel in closed form (:class:`ClosedFormEvidence`, on up to
+            :data:`EXACT_ROWS` rows).  ``"auto"`` (default): :data:`FRESH_DRAWS` where the kernel
+            can redraw its features, else 0 (FSGBARD learns them).
         seed: the fit's ``seed``, passed to the refits.
         validation_fraction: the fit's ``validation_fraction``, passed to the refits.
 
@@ -218,7 +295,8 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     Raises:
         ValueError: for a model without exactly one simplex kernel, an unfitted model, other rows
             than it was fitted on, or ``level``, ``refit_iter``, ``max_rounds``, ``draws``,
-            ``validation_fraction`` out of range, or ``draws`` for a kernel whose random state is learned.
+            ``validation_fraction`` out of range, ``draws`` for a kernel whose random state is learned,
+            or ``"exact"`` for one without ``rbf_limit``.
     """
     kernel = simplex_kernel(model)
     d = kernel.num_dims
@@ -226,14 +304,19 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
         raise ValueError(f"level must lie in (0, {d}), got {level!r}")
     if draws == "auto":
         draws = FRESH_DRAWS if kernel.redrawable else 0
-    if isinstance(draws, str) or int(refit_iter) < 1 or int(max_rounds) < 0 or int(draws) < 0:
-        raise ValueError(f"refit_iter must be ≥ 1, max_rounds ≥ 0 and draws ≥ 0 or 'auto', got {refit_iter!r}, "
-                         f"{max_rounds!r}, {draws!r}")
+    exact = draws == "exact"
+    if exact and not kernel.rbf_limit:
+        raise ValueError(f"draws='exact' needs a kernel whose features approximate the RBF/ARD kernel, "
+                         f"not {type(kernel).__name__}")
+    if (isinstance(draws, str) and not exact) or int(refit_iter) < 1 or int(max_rounds) < 0 or (
+            not exact and int(draws) < 0):
+        raise ValueError(f"refit_iter must be ≥ 1, max_rounds ≥ 0 and draws ≥ 0, 'exact' or 'auto', got "
+                         f"{refit_iter!r}, {max_rounds!r}, {draws!r}")
     if model.train_inputs is None:
         raise ValueError("select_inputs needs a fitted model: call alacarte.fit(model, x, y) first")
     kept = _kept_rows(model, y, validation_fraction, seed)
     threshold = math.log(d / level)
-    seeds = _fresh_seeds(kernel, int(draws))
+    seeds = [] if exact else fresh_seeds(kernel, int(draws))
     if seeds:
         kernel._draw_buffers(seeds[0])  # refuses a kernel with a learned random state before any work
     varying = varying_columns(model.train_inputs[0]).reshape(-1).cpu()
@@ -241,9 +324,11 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     while True:
         undo = _on_kept_rows(model, kept)
         try:
-            costs = input_costs(model, kernel, seeds)
+            evidence = ClosedFormEvidence(model, kernel, seed) if exact else None
+            costs = evidence.costs() if exact else input_costs(model, kernel, seeds)
             weak = _weak_inputs(kernel, costs, threshold)
-            changed = rounds < max_rounds and _change_inputs(model, kernel, weak, varying, entered, seeds, threshold)
+            changed = rounds < max_rounds and _change_inputs(model, kernel, weak, varying, entered, threshold,
+                                                             seeds, evidence)
         except BaseException:
             undo()
             raise
@@ -258,15 +343,22 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
 
 
 def _change_inputs(model: "FeatureGP", kernel: torch.nn.Module, weak: torch.Tensor, varying: torch.Tensor,
-                   entered: list[int], seeds: Sequence[int], threshold: float) -> bool:
+                   entered: list[int], threshold: float, seeds: Sequence[int],
+                   evidence: ClosedFormEvidence | None) -> bool:
     """Drop the weak inputs or, with none to drop, bring back the held inputs worth it (each asked
-    once, recorded in ``entered``); whether anything changed."""
+    once, recorded in ``entered``; of the kernel in closed form where ``evidence`` is given); whether
+    anything changed."""
     if bool(weak.any()):
         kernel.drop_inputs_(torch.nonzero(weak).reshape(-1))
         return True
     held = ~kernel.simplex_mask.reshape(-1).cpu() & varying
     ask = [j for j in torch.nonzero(held).reshape(-1).tolist() if j not in entered]
-    values = _entries(model, kernel, ask, seeds, threshold) if ask else {}
+    if not ask:
+        values = {}
+    elif evidence is not None:
+        values = _closed_form_entries(evidence, ask, threshold)
+    else:
+        values = _entries(model, kernel, ask, seeds, threshold)
     if values:
         _reenter(kernel, values)
         entered += list(values)
