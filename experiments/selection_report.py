@@ -28,8 +28,8 @@ PAPER = ROOT / "experiments/srff_paper_tables.csv"
 #: Issue 49 asks for at least five replications per cell before a rate counts.
 MIN_REPLICATIONS = 5
 RELEVANT = {"se1": {0, 2, 6, 7, 8}, "se2": set(range(10, 15)), "se3": set(range(10))}
-ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-wide", "gp-simplex-rbf", "gp-simplex-band", "gp-simplex-draws", "gp-fsard",
-         "rffnet", "mean", "ridge", "lasso"]
+ORDER = ["srff", "gp-simplex-fsard", "gp-simplex-fresh", "gp-simplex-wide", "gp-simplex-rbf", "gp-simplex-exact",
+         "gp-simplex-band", "gp-simplex-draws", "gp-fsard", "rffnet", "mean", "ridge", "lasso"]
 
 
 def load_rows() -> list[dict]:
@@ -109,8 +109,10 @@ def main(argv: list[str] | None = None) -> None:
         "`--problems se2 --n 10000 --methods srff --out experiments/results/selection_srff_se2_10k.csv` at 17c2c07 "
         "(one thread beside one to three other jobs, 800–2 150 s a replication), "
         "`--problems se1 --n 5000 --methods gp-simplex-rbf --out experiments/results/selection_gp_rbf.csv` at "
-        "fb2df66 (one thread beside two to four other jobs) and `--problems se2 --n 5000 --reps 2` likewise at "
-        "9228e2d (beside the CI), "
+        "fb2df66 (one thread beside two to four other jobs), `--problems se2 --n 5000 --reps 2` likewise at "
+        "9228e2d (beside the CI) and replications 2–4 at c26033b (beside one or two other jobs), "
+        "`--problems se1 --n 5000 --methods gp-simplex-exact --out experiments/results/selection_gp_exact.csv` at "
+        "957b90f (input costs on the RBF kernel in closed form; one thread beside one or two other jobs), "
         "`--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
         "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "

@@ -124,6 +124,24 @@ def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_
     assert "| ds [3] | 2.00 | 0.05 [1] |" in text
 
 
+def test_the_calibration_report_lists_the_cells_above_a_tenth_with_their_standard_error(tmp_path):
+    import calibration
+
+    path = tmp_path / "cells.csv"
+    scores = dict(rmse=1.0, coverage50=0.5, coverage95=0.95, std_over_rmse=1.0)
+    for method, fraction, values in [("exact-ard", 0.0, [0.0, 1.0, 2.0]), ("gm", 0.2, [0.1, 1.3, 2.5]),
+                                     ("pwl", 0.2, [0.05, 1.05, 2.05])]:
+        for split, nlpd in enumerate(values):
+            append_row(path, calibration.FIELDS, dict(dataset="ds", split=split, method=method, num_features=1024,
+                                                      validation_fraction=fraction, nlpd=nlpd, **scores))
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
+                              feature_draws=None)
+    text = calibration.report(args)
+    # differences 0.1, 0.3, 0.5: mean 0.3, standard deviation 0.2, over √3
+    assert "| ds | gm | 3 | +0.30 | 0.12 |" in text
+    assert "| ds | pwl |" not in text
+
+
 def test_the_calibration_report_takes_a_csv_rerun_over_a_feature_draw_line_of_the_same_cell(tmp_path):
     import calibration
 

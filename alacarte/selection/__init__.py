@@ -2,10 +2,11 @@
 kernels, and estimators that learn which inputs matter — SRFF, RFFNet and the
 derivative-based method of Rosasco et al."""
 from .derivative import DerivativeSelector
-from .evidence import InputSelection, SelectionFrequency, select_inputs, selection_frequency
+from .evidence import ClosedFormEvidence, InputSelection, SelectionFrequency, select_inputs, selection_frequency
 from .rffnet import RFFNetClassifier, RFFNetRegressor
 from .simplex import SimplexStep, project_to_simplex
 from .srff import SRFFRegressor
 
 __all__ = ["project_to_simplex", "SimplexStep", "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier",
-           "DerivativeSelector", "select_inputs", "InputSelection", "selection_frequency", "SelectionFrequency"]
+           "DerivativeSelector", "select_inputs", "InputSelection", "ClosedFormEvidence", "selection_frequency",
+           "SelectionFrequency"]

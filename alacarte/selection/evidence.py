@@ -141,9 +141,9 @@ class ClosedFormEvidence:
     def __init__(self, model: "FeatureGP", kernel: torch.nn.Module, seed: int | None = 0):
         x, y = model.train_inputs[0].detach(), model.train_targets.detach()
         if len(y) > EXACT_ROWS:
-            pick = np.random.default_rng(None if seed is None else [seed, 0xe7ac7]).choice(len(y), EXACT_ROWS,
-                                                                                            replace=False)
-            x, y = x[torch.as_tensor(np.sort(pick), device=x.device)], y[torch.as_tensor(np.sort(pick), device=y.device)]
+            rng = np.random.default_rng(None if seed is None else [seed, 0xe7ac7])
+            pick = torch.as_tensor(np.sort(rng.choice(len(y), EXACT_ROWS, replace=False)), device=y.device)
+            x, y = x[pick], y[pick]
         with torch.no_grad():
             self.residual = (y - model.mean_module(x)).double()
             self.signal = float(kernel.prior_variance())
