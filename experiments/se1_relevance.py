@@ -44,10 +44,9 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
 from alacarte.datasets import make_se1  # noqa: E402
-from alacarte.selection.evidence import input_costs, select_inputs  # noqa: E402
+from alacarte.selection.evidence import FRESH_DRAWS, fresh_seeds, input_costs, select_inputs  # noqa: E402
 from alacarte.training import negative_mll  # noqa: E402
 from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
-from alacarte.selection.evidence import FRESH_DRAWS, fresh_seeds  # noqa: E402
 from selection_benchmark import RBF_SAMPLES, gp_settings, split  # noqa: E402
 
 N = 10000
@@ -196,7 +195,9 @@ def exact(out, reps: list[int], n: int, sizes: list[int]) -> None:
 
 @torch.no_grad()
 def _exact_costs(model, kernel, rows: int) -> list[float]:
-    """Each input's cost (nats) under the exact kernel of the fitted γ, σ_f² and σ², on ``rows`` training rows."""
+    """Each input's cost (nats) under the exact kernel of the fitted γ, σ_f² and σ², on ``rows`` training rows:
+    :class:`~alacarte.selection.ClosedFormEvidence`'s costs on a subsample of this script's own (its committed
+    rows were read on it; the class draws another)."""
     x, y = model.train_inputs[0], model.train_targets
     pick = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:rows]
     x, r = x[pick], y[pick] - model.mean_module(x[pick])
