@@ -44,7 +44,8 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
 from alacarte.datasets import make_se1  # noqa: E402
-from alacarte.selection.evidence import FRESH_DRAWS, fresh_seeds, input_costs, select_inputs  # noqa: E402
+from alacarte.selection.evidence import (  # noqa: E402
+    FRESH_DRAWS, ClosedFormEvidence, fresh_seeds, input_costs, select_inputs)
 from alacarte.training import negative_mll  # noqa: E402
 from _jsonl_rows import append_row  # noqa: E402  (experiments/, the script's own folder)
 from selection_benchmark import RBF_SAMPLES, gp_settings, split  # noqa: E402
@@ -195,23 +196,11 @@ def exact(out, reps: list[int], n: int, sizes: list[int]) -> None:
 
 @torch.no_grad()
 def _exact_costs(model, kernel, rows: int) -> list[float]:
-    """Each input's cost (nats) under the exact kernel of the fitted γ, σ_f² and σ², on ``rows`` training rows:
-    :class:`~alacarte.selection.ClosedFormEvidence`'s costs on a subsample of this script's own (its committed
-    rows were read on it; the class draws another)."""
-    x, y = model.train_inputs[0], model.train_targets
-    pick = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))[:rows]
-    x, r = x[pick], y[pick] - model.mean_module(x[pick])
-    signal, noise = float(kernel.prior_variance().reshape(-1)[0]), float(model.likelihood.noise.reshape(-1)[0])
-
-    def nll(gamma):
-        z = (x * gamma)[:, None, :] - (x * gamma)[None, :, :]
-        factor = torch.linalg.cholesky(signal * torch.exp(-0.5 * (z ** 2).sum(-1)) + noise * torch.eye(len(r)))
-        return float(0.5 * r @ torch.cholesky_solve(r[:, None], factor)[:, 0] + torch.log(factor.diagonal()).sum())
-
-    gamma = kernel.inverse_lengthscale().detach().reshape(-1)
-    base = nll(gamma)
-    return [round(nll(gamma * (torch.arange(len(gamma)) != j)) - base, 1) if gamma[j] > 0 else 0.0
-            for j in range(len(gamma))]
+    """Each input's cost (nats) under the exact kernel of the fitted γ, σ_f² and σ², on ``rows`` training rows
+    drawn by this script (its committed rows were read on them; ``ClosedFormEvidence``'s own subsample is another)."""
+    pick = torch.randperm(len(model.train_targets), generator=torch.Generator().manual_seed(0))[:rows]
+    costs = ClosedFormEvidence(model, kernel, rows=pick).costs()
+    return [round(float(c), 1) for c in costs]
 
 
 def optimum(out, reps: list[int], n: int, rows: int) -> None:

@@ -7,14 +7,7 @@ import torch
 import alacarte as ac
 from alacarte.selection import evidence
 from alacarte.selection.evidence import ClosedFormEvidence, select_inputs
-
-
-@pytest.fixture
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from selection_cases import two_sines, two_sines_mean
 
 
 def _fitted(n=150, seed=0, kernel_class=ac.FastfoodRBFKernel):
@@ -69,16 +62,19 @@ def test_closed_form_evidence_reads_a_seeded_subsample_beyond_its_rows(single_th
     trial[1] = 0.0
     expected = _exact_nll(model, kernel, trial, rows) - _exact_nll(model, kernel, gamma, rows)
     assert judge.rise(1, 0.0) == pytest.approx(expected, rel=1e-8, abs=1e-7)
+    # rows given: read as they are, whatever EXACT_ROWS says
+    given = ClosedFormEvidence(model, kernel, rows=torch.tensor(rows[:60]))
+    expected = _exact_nll(model, kernel, trial, rows[:60]) - _exact_nll(model, kernel, gamma, rows[:60])
+    assert given.x.shape[0] == 60 and given.rise(1, 0.0) == pytest.approx(expected, rel=1e-8, abs=1e-7)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_select_inputs_exact_keeps_exactly_the_inputs_the_function_uses(seed, single_thread):
     """y = sin(2x₀) + cos(2x₁), four unused inputs: select_inputs(draws="exact") leaves exactly {0, 1}."""
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((400, 6))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    x, y = two_sines(rng, 400, 6)
     xt = rng.standard_normal((200, 6))
-    yt = torch.as_tensor(np.sin(2 * xt[:, 0]) + np.cos(2 * xt[:, 1]))
+    yt = torch.as_tensor(two_sines_mean(xt))
     kernel = ac.FastfoodRBFKernel(6, 64, ard_num_dims=6, simplex=True, seed=seed).double()
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False, seed=seed)
@@ -90,8 +86,7 @@ def test_select_inputs_exact_keeps_exactly_the_inputs_the_function_uses(seed, si
 
 def test_select_inputs_exact_brings_back_a_relevant_input_held_at_zero(single_thread):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((300, 4))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(300)
+    x, y = two_sines(rng, 300, 4)
     kernel = ac.FastfoodRBFKernel(4, 64, ard_num_dims=4, simplex=True, seed=0).double()
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, max_iter=40, restarts=0, progress=False, seed=0, validation_fraction=0)

@@ -16,6 +16,7 @@ import alacarte as ac
 from alacarte import AlaCarteRegressor
 from alacarte.regressor import kernel_relevance
 from alacarte.factory import KERNEL_NAMES, make_model
+from selection_cases import two_sines
 
 # Small enough to fit in a fraction of a second, large enough to fit well.
 # One draw: these tests read a single fit (num_draws="auto" would average five on data this small).
@@ -310,8 +311,7 @@ def test_select_holds_the_unneeded_inputs_at_zero_as_select_inputs_does():
     from alacarte.selection import select_inputs
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((400, 6))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    x, y = two_sines(rng, 400, 6)
     kernel = ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=0).double()
     options = dict(max_iter=40, restarts=1, restart_iter=5)
     reg = AlaCarteRegressor(kernel, num_draws=2, select=True, random_state=0, **options).fit(x, y)

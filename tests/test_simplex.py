@@ -13,6 +13,7 @@ from scipy.optimize import minimize
 import alacarte as ac
 from alacarte.selection import project_to_simplex
 from kernel_cases import FeatureKernelTestCase
+from selection_cases import two_sines, two_sines_mean
 
 finite = st.floats(min_value=-100, max_value=100, allow_nan=False, allow_infinity=False)
 vectors = st.integers(1, 300).flatmap(lambda d: arrays(np.float64, d, elements=finite))
@@ -254,15 +255,6 @@ def test_relevance_of_plain_kernels_and_the_bar_plot(tmp_path):
         plot_relevance(simplex, draws=draws[:, :2])
 
 
-@pytest.fixture
-def single_thread():
-    """One torch thread for the duration of a test (BLAS round-off depends on the thread count)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def fit_simplex_gp(x, y, num_samples, seed=0):
     """A simplex-FSARD GP with a fixed, binding budget c = 1.5, trained by fit(); π checked on Δ."""
     d = x.shape[1]
@@ -416,10 +408,9 @@ def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, draws, s
     from alacarte.selection.evidence import select_inputs
 
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((400, 6))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    x, y = two_sines(rng, 400, 6)
     xt = rng.standard_normal((200, 6))
-    yt = torch.as_tensor(np.sin(2 * xt[:, 0]) + np.cos(2 * xt[:, 1]))
+    yt = torch.as_tensor(two_sines_mean(xt))
     kernel = ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=seed).double()
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False, seed=seed)
@@ -477,10 +468,9 @@ def test_select_inputs_brings_back_a_relevant_input_held_at_zero(draws, single_t
     from alacarte.selection.evidence import entry_gains, select_inputs
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((400, 6))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    x, y = two_sines(rng, 400, 6)
     xt = rng.standard_normal((200, 6))
-    yt = torch.as_tensor(np.sin(2 * xt[:, 0]) + np.cos(2 * xt[:, 1]))
+    yt = torch.as_tensor(two_sines_mean(xt))
     kernel = ac.FSARDKernel(6, 32, ard_num_dims=6, simplex=True, seed=0).double()
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, max_iter=40, restarts=1, restart_iter=5, progress=False, seed=0)
@@ -524,8 +514,7 @@ def test_selection_frequency_counts_each_draws_selection(single_thread):
     from alacarte.selection import selection_frequency
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((400, 6))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    x, y = two_sines(rng, 400, 6)
     built = []
 
     def build(seed):
@@ -573,8 +562,7 @@ def test_select_inputs_reads_the_evidence_on_the_rows_the_fit_kept_at_the_likeli
     from alacarte.selection import evidence
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((400, 6))
-    y = np.sin(2 * x[:, 0]) + np.cos(2 * x[:, 1]) + 0.1 * rng.standard_normal(400)
+    x, y = two_sines(rng, 400, 6)
     kept, held = split_rows(400, 0.2, 1)
     read = []
     real = evidence.input_costs

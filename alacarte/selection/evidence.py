@@ -136,14 +136,19 @@ class ClosedFormEvidence:
         model: the :class:`~alacarte.FeatureGP`, with its training rows.
         kernel: its simplex kernel, whose class has ``rbf_limit``.
         seed: seed of the subsample where there are more rows than :data:`EXACT_ROWS`.
+        rows: the indices of the training rows to read instead (any number: each question is an
+            m×m factorisation).
     """
 
-    def __init__(self, model: "FeatureGP", kernel: torch.nn.Module, seed: int | None = 0):
+    def __init__(self, model: "FeatureGP", kernel: torch.nn.Module, seed: int | None = 0,
+                 rows: torch.Tensor | None = None):
         x, y = model.train_inputs[0].detach(), model.train_targets.detach()
-        if len(y) > EXACT_ROWS:
+        if rows is None and len(y) > EXACT_ROWS:
             rng = np.random.default_rng(None if seed is None else [seed, 0xe7ac7])
-            pick = torch.as_tensor(np.sort(rng.choice(len(y), EXACT_ROWS, replace=False)), device=y.device)
-            x, y = x[pick], y[pick]
+            rows = torch.as_tensor(np.sort(rng.choice(len(y), EXACT_ROWS, replace=False)))
+        if rows is not None:
+            rows = torch.as_tensor(rows, device=y.device)
+            x, y = x[rows], y[rows]
         with torch.no_grad():
             self.residual = (y - model.mean_module(x)).double()
             self.signal = float(kernel.prior_variance())
@@ -195,31 +200,39 @@ def entry_gains(model: "FeatureGP", kernel: torch.nn.Module, inputs: Sequence[in
     :data:`ENTRY_SCALES`, nothing refitted; and that γ_j.  Shapes ``(len(inputs),)``."""
     x, y = model.train_inputs[0], model.train_targets
     gamma = kernel.inverse_lengthscale().detach().clone()
-    reference = float(gamma.reshape(-1)[gamma.reshape(-1) > 0].median())
-    table = torch.full((len(inputs), len(ENTRY_SCALES)), -math.inf, dtype=torch.float64)
     model.train()
     with model.inference_settings(), _restored_weights(kernel):
         base = float(negative_mll(model, x, y, backward=False))
-        for a, j in enumerate(inputs):
-            for b, q in enumerate(ENTRY_SCALES):
-                trial = gamma.clone()
-                trial[..., j] = q * reference
-                kernel._set_simplex_gamma(trial)
-                table[a, b] = (base - float(negative_mll(model, x, y, backward=False))) * len(y)
-    best, at = table.max(1) if len(inputs) else (table[:, 0], torch.zeros(0, dtype=torch.long))
-    return best, torch.tensor(ENTRY_SCALES, dtype=torch.float64)[at] * reference
+
+        def fall(j: int, value: float) -> float:
+            trial = gamma.clone()
+            trial[..., j] = value
+            kernel._set_simplex_gamma(trial)
+            return (base - float(negative_mll(model, x, y, backward=False))) * len(y)
+
+        best = _best_entries(fall, gamma, inputs)
+    gains = torch.tensor([gain for gain, _ in best], dtype=torch.float64)
+    return gains, torch.tensor([value for _, value in best], dtype=torch.float64)
+
+
+def _best_entries(fall: Callable[[int, float], float], gamma: torch.Tensor,
+                  inputs: Sequence[int]) -> list[tuple[float, float]]:
+    """Per input of ``inputs``, the largest ``fall(j, q · median γ in use)`` over q in :data:`ENTRY_SCALES`
+    (a fall that is not a number counts as −∞) and the γ_j it was at."""
+    flat = gamma.reshape(-1)
+    reference = float(flat[flat > 0].median())
+
+    def at(j: int, value: float) -> tuple[float, float]:
+        gain = fall(j, value)
+        return (gain if not math.isnan(gain) else -math.inf), value
+
+    return [max(at(j, q * reference) for q in ENTRY_SCALES) for j in inputs]
 
 
 def _closed_form_entries(evidence: ClosedFormEvidence, inputs: list[int], threshold: float) -> dict[int, float]:
     """:func:`_entries` asked of the kernel in closed form."""
-    in_use = evidence.gamma[evidence.gamma > 0]
-    reference = float(in_use.median())
-    entries = {}
-    for j in inputs:
-        gain, q = max((-evidence.rise(j, q * reference), q) for q in ENTRY_SCALES)
-        if gain > threshold:
-            entries[j] = q * reference
-    return entries
+    best = _best_entries(lambda j, value: -evidence.rise(j, value), evidence.gamma, inputs)
+    return {j: value for j, (gain, value) in zip(inputs, best) if gain > threshold}
 
 
 def _entries(model, kernel, inputs: list[int], seeds: list[int], threshold: float) -> dict[int, float]:
