@@ -6,6 +6,7 @@
     python experiments/se1_relevance.py fresh OUT.jsonl --reps 0,1,2,3,4 --n 5000 [--num-samples 512]
     python experiments/se1_relevance.py exact OUT.jsonl --reps 0 --n 2000 --sizes 128,512,1024
     python experiments/se1_relevance.py optimum OUT.jsonl --reps 0,1,3 --n 5000
+    python experiments/se1_relevance.py restarts OUT.jsonl --reps 0 --n 5000
 
 ``subsets``: plain FSARD (ARD, all rows, no held-out rows) on the columns {x₇, x₈, x₉} and on
 {x₁, x₃, x₇, x₈, x₉} of a fresh SE1 draw (n = 10 000, 1 000 test rows), at the settings of
@@ -26,7 +27,9 @@ all its features and with D of them.  ``optimum``: ``gp-simplex-rbf``'s fit (bef
 the benchmark's replication, then the same fit moved to x₁ and x₃ at γ = 1.5 and refitted (150 iterations):
 at each, γ, the total ``nll`` and every input's cost on the fitted draw, on ``select_inputs``' fresh draws
 (mean) and under the exact kernel these parameters approximate (σ_f² exp(−½‖γ ⊙ (x − x′)‖²), the fitted σ²)
-on ``--rows`` of the training rows.  One thread.
+on ``--rows`` of the training rows.  ``restarts``: ``gp-simplex-exact`` with ``fit``'s own restarts (5 × 15
+iterations) instead of the benchmark's 2 × 10: every restart's and the final total ``nll``, the chosen restart, γ,
+then ``select_inputs(draws="exact")``'s selection and the test RMSE, NLPD and 95% coverage.  One thread.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import torch
 # This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
+from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.datasets import make_se1  # noqa: E402
 from alacarte.selection.evidence import (  # noqa: E402
     FRESH_DRAWS, ClosedFormEvidence, fresh_seeds, input_costs, select_inputs)
@@ -114,7 +118,9 @@ def reentry(out, reps: list[int]) -> None:
 QS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)
 
 
-def _benchmark_fit(n: int, rep: int, num_samples: int | None = None, kernel_class=ac.FSARDKernel):
+def _benchmark_fit(n: int, rep: int, num_samples: int | None = None, kernel_class=ac.FSARDKernel, **fit_restarts):
+    """The benchmark's simplex fit of SE1's replication ``rep`` (``fit_restarts``: ``fit``'s restart options
+    instead of the benchmark's); the fit's history is ``model.fit_history``."""
     (train, _, _), _, seed = split("se1", n, rep)
     x, y = train
     d = x.shape[1]
@@ -122,7 +128,9 @@ def _benchmark_fit(n: int, rep: int, num_samples: int | None = None, kernel_clas
     s = gp_settings(n, d)
     kernel = kernel_class(d, num_samples or s["num_samples"], ard_num_dims=d, seed=seed, simplex=True).double()
     model = ac.FeatureGP(None, None, kernel).double()
-    _fit(model, x, y, seed, max_iter=s["max_iter"], restarts=s["restarts"], restart_iter=10)
+    history = _fit(model, x, y, seed, max_iter=s["max_iter"],
+                   **(fit_restarts or dict(restarts=s["restarts"], restart_iter=10)))
+    model.fit_history = history
     return model, kernel, x, y, seed
 
 
@@ -223,6 +231,28 @@ def optimum(out, reps: list[int], n: int, rows: int) -> None:
                              cost_exact=_exact_costs(model, kernel, rows), exact_rows=rows))
 
 
+def restarts(out, reps: list[int], n: int) -> None:
+    for rep in reps:
+        start = time.perf_counter()
+        model, kernel, x, y, seed = _benchmark_fit(n, rep, RBF_SAMPLES, ac.FastfoodRBFKernel, restarts=5, restart_iter=15)
+        history = model.fit_history
+        gamma = kernel.inverse_lengthscale().detach().reshape(-1)
+        row = dict(part="restarts", n=n, rep=rep, restarts=5, restart_iter=15,
+                   restart_nll=[round(loss * n, 1) for loss in history.restart_losses],
+                   chosen=history.chosen_restart, nll=round(history.final_loss * n, 1),
+                   gamma=[round(float(g), 3) for g in gamma])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            select_inputs(model, x, y, seed=seed, draws="exact", validation_fraction=0)
+        (_, _, (xt, yt)), relevant, _ = split("se1", n, rep)
+        prediction = model.predict(xt)
+        scores = predictive_scores(prediction.mean, prediction.observed_variance, torch.as_tensor(yt))
+        selected = kernel.selected().tolist()
+        _write(out, dict(row, selected=selected, exact=selected == list(relevant), rmse=round(scores["rmse"], 4),
+                         nlpd=round(scores["nlpd"], 3), coverage95=round(scores["coverage95"], 3),
+                         seconds=round(time.perf_counter() - start)))
+
+
 def _write(out: Path, row: dict) -> None:
     append_row(out, row)
     print(row, flush=True)
@@ -230,7 +260,7 @@ def _write(out: Path, row: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["subsets", "reentry", "scan", "fresh", "exact", "optimum"])
+    parser.add_argument("part", choices=["subsets", "reentry", "scan", "fresh", "exact", "optimum", "restarts"])
     parser.add_argument("out", type=Path)
     parser.add_argument("--reps", default="2", help="subsets: how many; the others: which, comma-separated")
     parser.add_argument("--n", type=int, default=N, help="scan, fresh: training rows (the benchmark's split)")
@@ -251,6 +281,8 @@ def main() -> None:
         scan(args.out, reps, args.n)
     elif args.part == "optimum":
         optimum(args.out, reps, args.n, args.rows)
+    elif args.part == "restarts":
+        restarts(args.out, reps, args.n)
     else:
         fresh(args.out, reps, args.n, args.num_samples)
 

@@ -10,6 +10,8 @@ with K feature draws (fit seeds seed, seed + 1, …): the report then gives each
 frequency and the set kept by at least 4 of 5 draws (:meth:`~alacarte.selection.SelectionFrequency.stable`'s rule).
 ``--select-draws K`` has ``select_inputs`` ask K fresh feature draws what each input is worth (its ``draws``).
 ``--defaults`` fits and selects at the library's defaults instead of the benchmark's all-rows settings.
+``--exact`` fits the Fastfood RBF simplex kernel instead (``selection_benchmark.py``'s ``gp-simplex-exact``: D = 512)
+and has ``select_inputs`` ask the RBF/ARD kernel itself (``draws="exact"``).
 
     python experiments/selection_real.py run --out experiments/results/appended_columns.csv \
         --datasets yacht housing concrete wine skillcraft elevators [--draws 5]
@@ -35,7 +37,7 @@ from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import package_version, parse_splits  # noqa: E402
 from alacarte.selection import SelectionFrequency, select_inputs  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
-from selection_benchmark import gp_settings  # noqa: E402
+from selection_benchmark import RBF_SAMPLES, gp_settings  # noqa: E402
 
 FIELDS = ["dataset", "split", "columns", "seed", "draw", "n_train", "d", "selected", "rmse", "nlpd", "coverage95",
           "seconds", "threads", "version"]
@@ -57,18 +59,22 @@ def widen(x_train: np.ndarray, x_test: np.ndarray, seed: int) -> tuple[np.ndarra
     return parts[0], parts[1]
 
 
-def fit_selected(x: np.ndarray, y: np.ndarray, seed: int, select_draws: int = 0, defaults: bool = False):
+def fit_selected(x: np.ndarray, y: np.ndarray, seed: int, select_draws: int | str = 0, defaults: bool = False):
     """The simplex GP fitted and selected with the benchmark's settings on all rows, or (``defaults``)
-    with ``fit``'s and ``select_inputs``' own: 20% of the rows held out for the band, fresh draws."""
+    with ``fit``'s and ``select_inputs``' own: 20% of the rows held out for the band, fresh draws.
+    ``select_draws="exact"``: the Fastfood RBF kernel, its inputs' costs read on the RBF/ARD kernel."""
     n, d = x.shape
     settings = gp_settings(n, d)
-    kernel = ac.FSARDKernel(d, settings["num_samples"], ard_num_dims=d, simplex=True, seed=seed).double()
+    if select_draws == "exact":
+        kernel = ac.FastfoodRBFKernel(d, RBF_SAMPLES, ard_num_dims=d, simplex=True, seed=seed).double()
+    else:
+        kernel = ac.FSARDKernel(d, settings["num_samples"], ard_num_dims=d, simplex=True, seed=seed).double()
     model = ac.FeatureGP(None, None, kernel).double()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         if defaults:
             ac.fit(model, x, y, progress=False, seed=seed)
-            select_inputs(model, x, y, seed=seed)
+            select_inputs(model, x, y, seed=seed, draws="exact" if select_draws == "exact" else "auto")
         else:
             ac.fit(model, x, y, max_iter=settings["max_iter"], restarts=settings["restarts"], restart_iter=10,
                    progress=False, seed=seed, validation_fraction=0)
@@ -89,7 +95,8 @@ def run(args) -> None:
             if columns == "widened":
                 x, xt = widen(x, xt, args.seed)
             start = time.perf_counter()
-            model = fit_selected(x, data.y_train, args.seed + draw, args.select_draws, args.defaults)
+            model = fit_selected(x, data.y_train, args.seed + draw, "exact" if args.exact else args.select_draws,
+                                 args.defaults)
             seconds = time.perf_counter() - start
             pred = model.predict(xt)
             scores = predictive_scores(pred.mean, pred.observed_variance, torch.as_tensor(data.y_test))
@@ -193,6 +200,7 @@ def main(argv=None) -> None:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--draws", type=int, default=1, help="feature draws of the widened columns' fit")
     r.add_argument("--select-draws", type=int, default=0, help="fresh feature draws select_inputs asks")
+    r.add_argument("--exact", action="store_true", help="the Fastfood RBF simplex kernel, select_inputs(draws='exact')")
     r.add_argument("--defaults", action="store_true",
                    help="fit and select_inputs at their defaults (20%% held out for the band, fresh draws; "
                         "--select-draws ignored), D still the benchmark's")
