@@ -10,7 +10,7 @@ with K feature draws (fit seeds seed, seed + 1, …): the report then gives each
 frequency and the set kept by at least 4 of 5 draws (:meth:`~alacarte.selection.SelectionFrequency.stable`'s rule).
 ``--select-draws K`` has ``select_inputs`` ask K fresh feature draws what each input is worth (its ``draws``).
 ``--defaults`` fits and selects at the library's defaults instead of the benchmark's all-rows settings.
-``--exact`` fits the Fastfood RBF simplex kernel instead (``selection_benchmark.py``'s ``gp-simplex-exact``: D = 512)
+``--exact`` fits the Fastfood RBF simplex kernel instead (``selection_benchmark.py``'s ``gp-simplex-exact``: 512 frequencies, D = 1 024)
 and has ``select_inputs`` ask the RBF/ARD kernel itself (``draws="exact"``).
 
     python experiments/selection_real.py run --out experiments/results/appended_columns.csv \
