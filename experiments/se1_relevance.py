@@ -118,19 +118,21 @@ def reentry(out, reps: list[int]) -> None:
 QS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)
 
 
-def _benchmark_fit(n: int, rep: int, num_samples: int | None = None, kernel_class=ac.FSARDKernel, **fit_restarts):
-    """The benchmark's simplex fit of SE1's replication ``rep`` (``fit_restarts``: ``fit``'s restart options
-    instead of the benchmark's); the fit's history is ``model.fit_history``."""
-    (train, _, _), _, seed = split("se1", n, rep)
-    x, y = train
-    d = x.shape[1]
+def _benchmark_model(n: int, rep: int, num_samples: int | None, kernel_class):
+    """The benchmark's simplex GP for SE1's replication ``rep``, unfitted, with its split and seed."""
+    parts, relevant, seed = split("se1", n, rep)
+    d = parts[0][0].shape[1]
     torch.manual_seed(seed)
-    s = gp_settings(n, d)
-    kernel = kernel_class(d, num_samples or s["num_samples"], ard_num_dims=d, seed=seed, simplex=True).double()
-    model = ac.FeatureGP(None, None, kernel).double()
-    history = _fit(model, x, y, seed, max_iter=s["max_iter"],
-                   **(fit_restarts or dict(restarts=s["restarts"], restart_iter=10)))
-    model.fit_history = history
+    kernel = kernel_class(d, num_samples or gp_settings(n, d)["num_samples"], ard_num_dims=d, seed=seed,
+                          simplex=True).double()
+    return ac.FeatureGP(None, None, kernel).double(), kernel, parts, relevant, seed
+
+
+def _benchmark_fit(n: int, rep: int, num_samples: int | None = None, kernel_class=ac.FSARDKernel):
+    """The benchmark's simplex fit of SE1's replication ``rep``."""
+    model, kernel, ((x, y), _, _), _, seed = _benchmark_model(n, rep, num_samples, kernel_class)
+    s = gp_settings(n, x.shape[1])
+    _fit(model, x, y, seed, max_iter=s["max_iter"], restarts=s["restarts"], restart_iter=10)
     return model, kernel, x, y, seed
 
 
@@ -234,8 +236,10 @@ def optimum(out, reps: list[int], n: int, rows: int) -> None:
 def restarts(out, reps: list[int], n: int) -> None:
     for rep in reps:
         start = time.perf_counter()
-        model, kernel, x, y, seed = _benchmark_fit(n, rep, RBF_SAMPLES, ac.FastfoodRBFKernel, restarts=5, restart_iter=15)
-        history = model.fit_history
+        model, kernel, ((x, y), _, (xt, yt)), relevant, seed = _benchmark_model(n, rep, RBF_SAMPLES,
+                                                                                ac.FastfoodRBFKernel)
+        history = _fit(model, x, y, seed, max_iter=gp_settings(n, x.shape[1])["max_iter"], restarts=5,
+                       restart_iter=15)
         gamma = kernel.inverse_lengthscale().detach().reshape(-1)
         row = dict(part="restarts", n=n, rep=rep, restarts=5, restart_iter=15,
                    restart_nll=[round(loss * n, 1) for loss in history.restart_losses],
@@ -244,7 +248,6 @@ def restarts(out, reps: list[int], n: int) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             select_inputs(model, x, y, seed=seed, draws="exact", validation_fraction=0)
-        (_, _, (xt, yt)), relevant, _ = split("se1", n, rep)
         prediction = model.predict(xt)
         scores = predictive_scores(prediction.mean, prediction.observed_variance, torch.as_tensor(yt))
         selected = kernel.selected().tolist()
