@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ._chunks import rows_within
 from ._standardized import StandardizedGP
+from .kernels._params import log_positive
 from .woodbury import NotPositiveDefiniteError
 
 __all__ = ["ExactRBFGP"]
@@ -66,10 +67,10 @@ class ExactRBFGP(StandardizedGP):
         >>> import torch
         >>> from alacarte import ExactRBFGP, fit
         >>> generator = torch.Generator().manual_seed(0)
-        >>> x = torch.rand(200, 3, generator=generator) * 4 - 2
+        >>> x = torch.rand(200, 3, generator=generator, dtype=torch.float64) * 4 - 2
         >>> f = torch.sin(2 * x[:, 0])                # only the first input matters
-        >>> y = f + 0.1 * torch.randn(200, generator=generator)
-        >>> model = ExactRBFGP(None, None, num_dims=3, ard=True)
+        >>> y = f + 0.1 * torch.randn(200, generator=generator, dtype=torch.float64)
+        >>> model = ExactRBFGP(None, None, num_dims=3, ard=True).double()   # as make_model builds it
         >>> history = fit(model, x, y, max_iter=30, restarts=0)
         >>> bool((model.predict(x).mean - f).square().mean().sqrt() < 0.1)
         True
@@ -81,7 +82,9 @@ class ExactRBFGP(StandardizedGP):
     def __init__(self, train_x, train_y, *, num_dims: int, ard: bool = False,
                  likelihood: GaussianLikelihood | None = None):
         super().__init__(train_x, train_y, likelihood, num_dims)
-        self.covar_module = ScaleKernel(_RBFKernel(ard_num_dims=num_dims if ard else None))
+        # The lengthscales on the log scale, as every feature kernel's (alacarte.kernels._params.log_positive).
+        self.covar_module = ScaleKernel(_RBFKernel(ard_num_dims=num_dims if ard else None,
+                                                   lengthscale_constraint=log_positive()))
         self._strategy_parameters: list[Tensor] | None = None  # what prediction_strategy was computed from
 
     def __call__(self, *args, **kwargs):

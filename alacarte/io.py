@@ -80,8 +80,9 @@ from .woodbury import WoodburyPosterior
 __all__ = ["FORMAT_VERSION", "save_model", "load_model", "load_with_metadata"]
 
 MAGIC = b"ALACARTE-MODEL\n"
-#: Version of the file layout; a reader refuses files of any other version.
-FORMAT_VERSION = 1
+#: Version of the file layout; a reader refuses files of any other version. Version 2 stores raw
+#: lengthscales as logarithms; version 1 stored them as softplus arguments.
+FORMAT_VERSION = 2
 _DTYPES = DTYPES
 _PLAIN = (bool, int, float, str)
 

@@ -117,8 +117,8 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
             assert _close(res["grads"][name], g), name
         assert len(res["fit_loss"]) == len(history.loss)
         assert torch.allclose(torch.tensor(res["fit_loss"]), torch.tensor(history.loss), rtol=1e-10, atol=1e-10)
-        for name, value in state.items():
-            assert _close(res["state"][name], value), name
+        for name, value in state.items():  # (six iterations amplify the sums' order: 2e-10 in a raw lengthscale)
+            assert _close(res["state"][name], value, tol=1e-8), name
         assert _close(res["prediction"], model.predict(x[:5]).mean)
     for name, value in results[0]["restarted_state"].items():
         assert torch.equal(value, results[1]["restarted_state"][name]), name

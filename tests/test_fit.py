@@ -133,7 +133,8 @@ def test_a_step_that_underflows_an_unbounded_noise_to_zero_does_not_end_the_fit(
     it is a failed step: the fit ends at loss -0.2482, σ² 2.9e-7."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(20, 2, generator=gen)
-    kernel = FSARDKernel(2, 16, ard_num_dims=2, seed=0)
+    # (softplus lengthscales: the path on which a probe underflows σ²)
+    kernel = FSARDKernel(2, 16, ard_num_dims=2, seed=0, lengthscale_constraint=gpytorch.constraints.Positive())
     y = kernel.features(x).detach() @ torch.randn(32, generator=gen)  # noise-free: the optimum is σ² → 0
     likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=gpytorch.constraints.Positive())
     model = FeatureGP(None, None, kernel, likelihood)

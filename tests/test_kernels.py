@@ -196,6 +196,45 @@ def test_simplex_kernels_are_stationary():
     assert FSARDKernel(3, 8, ard_num_dims=3, simplex=True, seed=0).is_stationary
 
 
+LENGTHSCALE_MODELS = {
+    "fsard": lambda: FSARDKernel(4, 64, ard_num_dims=4, seed=0),
+    "fastfood-rbf": lambda: FastfoodRBFKernel(4, 64, seed=0),
+    "random-fourier": lambda: RandomFourierKernel(4, 64, ard_num_dims=4, seed=0),
+    "pwl": lambda: __import__("alacarte").PiecewiseLinearRadialKernel(4, 64, ard_num_dims=4, seed=0),
+    "exact-ard": lambda: __import__("alacarte").ExactRBFGP(None, None, num_dims=4, ard=True).covar_module.base_kernel,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LENGTHSCALE_MODELS))
+def test_lengthscales_are_stored_as_their_logarithm(name):
+    kernel = LENGTHSCALE_MODELS[name]()
+    kernel.lengthscale = torch.tensor([0.5, 2.0, 40.0, 3e4])[: kernel.raw_lengthscale.shape[-1]]
+    torch.testing.assert_close(kernel.raw_lengthscale, kernel.lengthscale.detach().log(), rtol=1e-12, atol=0)
+
+
+def test_a_users_lengthscale_constraint_replaces_the_logarithm():
+    import gpytorch
+
+    kernel = FSARDKernel(4, 64, ard_num_dims=4, seed=0, lengthscale_constraint=gpytorch.constraints.Interval(0.1, 2.0))
+    kernel.lengthscale = 1.0
+    assert torch.all(kernel.raw_lengthscale != 0.0)  # Interval's sigmoid: raw 0 is ℓ = 1.05, not 1
+
+
+def test_a_fit_switches_off_an_unused_input_within_its_budget(single_thread):
+    """Only x₀ matters: in 30 L-BFGS iterations FSARD's other lengthscales reach over 200 times x₀'s.
+    Under GPyTorch's softplus they end near 20 (about 45 times x₀'s), the fit's budget spent climbing."""
+    import alacarte as ac
+    from alacarte.factory import make_model
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand(300, 4, generator=generator, dtype=torch.float64) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(300, generator=generator, dtype=torch.float64)
+    model = make_model("fsard", 4, num_samples=128, seed=0).double()
+    ac.fit(model, x, y, max_iter=30, restarts=0, seed=0, progress=False, validation_fraction=0)
+    lengthscale = model.covar_module.lengthscale.detach().flatten()
+    assert lengthscale[1:].min() > 200 * lengthscale[0]
+
+
 def test_lengthscale_options_of_kernels_without_one_are_refused():
     """GM and SSGPR have no lengthscale: GPyTorch's Kernel drops a lengthscale prior or constraint silently
     (named_priors() empty, the fit unregularised), where a prior on a missing outputscale is refused."""

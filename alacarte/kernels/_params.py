@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from gpytorch.constraints import Interval
+from gpytorch.constraints import Interval, Positive
 from gpytorch.priors import Prior
 from torch import Tensor
 
@@ -30,6 +30,16 @@ class ConstrainedParameter:
 
     def __set__(self, module, value) -> None:
         _set_constrained(self.name, module, value)
+
+
+def log_positive() -> Positive:
+    """The default constraint of a lengthscale: positive, optimised as its logarithm.
+
+    An input the data do not use wants ℓ → ∞. Under GPyTorch's softplus the raw value is ℓ there and
+    its gradient falls as ℓ⁻³, so a fit's iteration budget can end with such inputs still weighted;
+    on the log scale a step multiplies ℓ (docs/mathematics.md §3).
+    """
+    return Positive(transform=torch.exp, inv_transform=torch.log)
 
 
 def _get_constrained(name: str, module) -> Tensor:

@@ -16,7 +16,7 @@ from torch import Tensor
 from .._validation import check_positive_int, check_seed
 from ..features.fourier import fourier_features
 from ..ops.simplex import project_to_simplex
-from ._params import ConstrainedParameter, checked_value, register_constrained_parameter, shaped_like
+from ._params import ConstrainedParameter, checked_value, log_positive, register_constrained_parameter, shaped_like
 
 __all__ = ["FeatureKernel", "MixtureFeatureKernel"]
 
@@ -156,6 +156,8 @@ class FeatureKernel(Kernel):
             self.has_lengthscale = False  # γ = c·π replaces GPyTorch's raw_lengthscale
         elif simplex_size is not None or not learn_simplex_size:
             raise ValueError("simplex_size and learn_simplex_size apply only with simplex=True")
+        if type(self).has_lengthscale and not self.simplex and kwargs.get("lengthscale_constraint") is None:
+            kwargs["lengthscale_constraint"] = log_positive()
         super().__init__(**kwargs)
         # GPyTorch's __call__ hands forward only the active columns: any other count fails at every call,
         # with an error about the selected width (2) where the caller passed, say, 6 columns.
