@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from alacarte import (
+    ExactRBFGP,
     FastfoodRBFKernel,
     FSARDKernel,
     FSGBARDKernel,
+    PiecewiseLinearRadialKernel,
     RandomFourierKernel,
     SSGPRKernel,
 )
@@ -200,8 +202,8 @@ LENGTHSCALE_MODELS = {
     "fsard": lambda: FSARDKernel(4, 64, ard_num_dims=4, seed=0),
     "fastfood-rbf": lambda: FastfoodRBFKernel(4, 64, seed=0),
     "random-fourier": lambda: RandomFourierKernel(4, 64, ard_num_dims=4, seed=0),
-    "pwl": lambda: __import__("alacarte").PiecewiseLinearRadialKernel(4, 64, ard_num_dims=4, seed=0),
-    "exact-ard": lambda: __import__("alacarte").ExactRBFGP(None, None, num_dims=4, ard=True).covar_module.base_kernel,
+    "pwl": lambda: PiecewiseLinearRadialKernel(4, 64, ard_num_dims=4, seed=0),
+    "exact-ard": lambda: ExactRBFGP(None, None, num_dims=4, ard=True).covar_module.base_kernel,
 }
 
 
@@ -215,9 +217,12 @@ def test_lengthscales_are_stored_as_their_logarithm(name):
 def test_a_users_lengthscale_constraint_replaces_the_logarithm():
     import gpytorch
 
-    kernel = FSARDKernel(4, 64, ard_num_dims=4, seed=0, lengthscale_constraint=gpytorch.constraints.Interval(0.1, 2.0))
+    constraint = gpytorch.constraints.Interval(0.1, 2.0)
+    kernel = FSARDKernel(4, 64, ard_num_dims=4, seed=0, lengthscale_constraint=constraint)
     kernel.lengthscale = 1.0
-    assert torch.all(kernel.raw_lengthscale != 0.0)  # Interval's sigmoid: raw 0 is ℓ = 1.05, not 1
+    # the interval's scaled sigmoid: raw −0.105 for ℓ = 1, where log ℓ would be 0
+    torch.testing.assert_close(kernel.raw_lengthscale, constraint.inverse_transform(torch.ones(1, 4)))
+    assert float(kernel.raw_lengthscale[0, 0]) < -0.1
 
 
 def test_a_fit_switches_off_an_unused_input_within_its_budget(single_thread):
