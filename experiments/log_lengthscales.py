@@ -15,7 +15,6 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -23,32 +22,38 @@ from gpytorch.constraints import Positive
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
-from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import model_name, parse_splits  # noqa: E402
 from alacarte.factory import make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from alacarte.kernels._params import log_positive  # noqa: E402
 from _jsonl_rows import append_row, read_rows  # noqa: E402
+from calibration import fit_draws  # noqa: E402
 
 CONSTRAINTS = {"softplus": Positive, "log": log_positive}
 
 
 def fit_one(data, split: int, method: str, parameterisation: str, num_samples: int) -> dict:
+    """``calibration.py``'s one-draw fit of the cell, with the lengthscale's constraint replaced."""
     n, d = data.x_train.shape
-    model = make_model(model_name(method, n), d, num_samples=num_samples, seed=split)
-    kernel = getattr(model.covar_module, "base_kernel", model.covar_module)
-    kernel.register_constraint("raw_lengthscale", CONSTRAINTS[parameterisation]())
+
+    def build(seed: int):
+        model = make_model(model_name(method, n), d, num_samples=num_samples, seed=seed)
+        lengthscale_kernel(model).register_constraint("raw_lengthscale", CONSTRAINTS[parameterisation]())
+        return model
+
     fraction = 0.0 if method.startswith("exact") else RECOMMENDED_FRACTION
     start = time.process_time()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        history = ac.fit(model, data.x_train, data.y_train, seed=split, progress=False, validation_fraction=fraction)
+    scores, (model,), (history,) = fit_draws(data, split, 1, build, validation_fraction=fraction)
     seconds = time.process_time() - start
-    prediction = model.predict(data.x_test)
-    lengthscale = kernel.lengthscale.detach().flatten()
-    return {**predictive_scores(prediction.mean, prediction.observed_variance, torch.as_tensor(data.y_test)),
-            "iterations": history.iterations, "cpu_s": round(seconds, 1), "lengthscale_min": float(lengthscale.min()),
-            "lengthscale_max": float(lengthscale.max()), "noise": float(model.likelihood.noise.detach().min())}
+    lengthscale = lengthscale_kernel(model).lengthscale.detach().flatten()
+    return {**scores, "iterations": history.iterations, "cpu_s": round(seconds, 1),
+            "lengthscale_min": float(lengthscale.min()), "lengthscale_max": float(lengthscale.max()),
+            "noise": float(model.likelihood.noise.detach().min())}
+
+
+def lengthscale_kernel(model):
+    """The kernel that holds the lengthscale: an exact GP's is inside its ScaleKernel."""
+    return getattr(model.covar_module, "base_kernel", model.covar_module)
 
 
 def run(args) -> None:
