@@ -1,4 +1,4 @@
-"""Lengthscales as softplus arguments (GPyTorch's default) against log ℓ (alacarte's): the same fit otherwise.
+"""Lengthscales (GM: scales) as softplus arguments (GPyTorch's default) against their logarithm: the same fit otherwise.
 
     python experiments/log_lengthscales.py run OUT.jsonl --datasets yacht housing --methods fsard pwl exact-ard \
         --splits 0-2 [--parameterisations softplus log]
@@ -6,7 +6,7 @@
 
 ``run`` fits each (dataset, split, method, parameterisation) once, as ``calibration.py run --num-draws 1`` does
 (seed = split, ``alacarte.fit``'s defaults; exact GPs with no rows held out, above n = 2 000 as their Fastfood
-expansion), with the lengthscale constraint replaced by the one named, and appends one fsync'ed JSON line per
+expansion), with the constraint of the lengthscale (GM: of its scales σ = 1/ℓ) replaced by the one named, and appends one fsync'ed JSON line per
 fit (a killed run resumes).  ``report`` pairs the two parameterisations per cell.
 """
 from __future__ import annotations
@@ -33,27 +33,32 @@ CONSTRAINTS = {"softplus": Positive, "log": log_positive}
 
 
 def fit_one(data, split: int, method: str, parameterisation: str, num_samples: int) -> dict:
-    """``calibration.py``'s one-draw fit of the cell, with the lengthscale's constraint replaced."""
+    """``calibration.py``'s one-draw fit of the cell, with the lengthscale's (GM: scales') constraint replaced."""
     n, d = data.x_train.shape
 
     def build(seed: int):
         model = make_model(model_name(method, n), d, num_samples=num_samples, seed=seed)
-        lengthscale_kernel(model).register_constraint("raw_lengthscale", CONSTRAINTS[parameterisation]())
+        kernel, name = scale_parameter(model)
+        kernel.register_constraint(f"raw_{name}", CONSTRAINTS[parameterisation]())
         return model
 
     fraction = 0.0 if method.startswith("exact") else RECOMMENDED_FRACTION
     start = time.process_time()
     scores, (model,), (history,) = fit_draws(data, split, 1, build, validation_fraction=fraction)
     seconds = time.process_time() - start
-    lengthscale = lengthscale_kernel(model).lengthscale.detach().flatten()
+    kernel, name = scale_parameter(model)
+    value = getattr(kernel, name).detach().flatten()
+    lengthscale = value if name == "lengthscale" else 1.0 / value
     return {**scores, "iterations": history.iterations, "cpu_s": round(seconds, 1),
             "lengthscale_min": float(lengthscale.min()), "lengthscale_max": float(lengthscale.max()),
             "noise": float(model.likelihood.noise.detach().min())}
 
 
-def lengthscale_kernel(model):
-    """The kernel that holds the lengthscale: an exact GP's is inside its ScaleKernel."""
-    return getattr(model.covar_module, "base_kernel", model.covar_module)
+def scale_parameter(model) -> tuple:
+    """The kernel that holds the lengthscale (an exact GP's is inside its ScaleKernel) and the parameter's
+    name: ``"scales"`` for GM, whose σ are inverse lengthscales, else ``"lengthscale"``."""
+    kernel = getattr(model.covar_module, "base_kernel", model.covar_module)
+    return kernel, ("scales" if hasattr(kernel, "raw_scales") else "lengthscale")
 
 
 def run(args) -> None:
