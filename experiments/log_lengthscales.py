@@ -5,9 +5,10 @@
     python experiments/log_lengthscales.py report OUT.jsonl [...] > experiments/results/log_lengthscales.md
 
 ``run`` fits each (dataset, split, method, parameterisation) once, as ``calibration.py run --num-draws 1`` does
-(seed = split, ``alacarte.fit``'s defaults; exact GPs with no rows held out, above n = 2 000 as their Fastfood
-expansion), with the constraint of the lengthscale (GM: of its scales σ = 1/ℓ) replaced by the one named, and appends one fsync'ed JSON line per
-fit (a killed run resumes).  ``report`` pairs the two parameterisations per cell.
+(seed = split, ``alacarte.fit``'s defaults, GM's and PWL's components as ``--num-components auto``; exact GPs
+with no rows held out, above n = 2 000 as their Fastfood expansion), with the constraint of the lengthscale
+(GM: of its scales σ = 1/ℓ) replaced by the one named, and appends one fsync'ed JSON line per fit (a killed
+run resumes).  ``report`` pairs the two parameterisations per cell.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from gpytorch.constraints import Positive
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
-from alacarte.bench.settings import model_name, parse_splits  # noqa: E402
+from alacarte.bench.settings import mixture_components, model_name, parse_splits  # noqa: E402
 from alacarte.factory import make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from alacarte.kernels._params import log_positive  # noqa: E402
@@ -37,7 +38,8 @@ def fit_one(data, split: int, method: str, parameterisation: str, num_samples: i
     n, d = data.x_train.shape
 
     def build(seed: int):
-        model = make_model(model_name(method, n), d, num_samples=num_samples, seed=seed)
+        model = make_model(model_name(method, n), d, num_samples=num_samples,
+                           num_components=mixture_components("auto", n), seed=seed)
         kernel, name = scale_parameter(model)
         kernel.register_constraint(f"raw_{name}", CONSTRAINTS[parameterisation]())
         return model
