@@ -51,11 +51,12 @@ FIELDS = ["dataset", "split", "method", "validation_fraction", "num_features", "
           "num_draws"]
 
 
-def _model(method: str, data, seed: int, args):
+def cell_model(method: str, data, seed: int, num_samples: int = 512, num_components: str | int = SHIPPED_COMPONENTS):
+    """The model a cell fits: exact GPs as their Fastfood expansion above n = 2 000; GM and PWL with
+    ``num_components`` components (a number, or ``"auto"``: ``mixture_components``' rule)."""
     n, d = data.x_train.shape
-    components = args.num_components if args.num_components == "auto" else int(args.num_components)
-    return make_model(model_name(method, n), d, num_samples=args.num_samples,
-                      num_components=mixture_components(components, n), seed=seed)
+    return make_model(model_name(method, n), d, num_samples=num_samples,
+                      num_components=mixture_components(num_components, n), seed=seed)
 
 
 def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, list, list]:
@@ -81,8 +82,8 @@ def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, li
 def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> dict:
     n = data.x_train.shape[0]
     start = time.perf_counter()
-    scores, models, histories = fit_draws(data, split, draws, lambda seed: _model(method, data, seed, args),
-                                          validation_fraction=args.validation_fraction)
+    build = lambda seed: cell_model(method, data, seed, args.num_samples, args.num_components)  # noqa: E731
+    scores, models, histories = fit_draws(data, split, draws, build, validation_fraction=args.validation_fraction)
     seconds = time.perf_counter() - start
     return {"dataset": dataset, "split": split, "method": method,
             "validation_fraction": args.validation_fraction,

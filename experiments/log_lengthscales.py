@@ -5,7 +5,7 @@
     python experiments/log_lengthscales.py report OUT.jsonl [...] > experiments/results/log_lengthscales.md
 
 ``run`` fits each (dataset, split, method, parameterisation) once, as ``calibration.py run --num-draws 1`` does
-(seed = split, ``alacarte.fit``'s defaults, GM's and PWL's components as ``--num-components auto``; exact GPs
+(seed = split, ``alacarte.fit``'s defaults, GM's and PWL's ``--num-components`` as there; exact GPs
 with no rows held out, above n = 2 000 as their Fastfood expansion), with the constraint of the lengthscale
 (GM: of its scales σ = 1/ℓ) replaced by the one named, and appends one fsync'ed JSON line per fit (a killed
 run resumes).  ``report`` pairs the two parameterisations per cell.
@@ -23,23 +23,19 @@ from gpytorch.constraints import Positive
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
-from alacarte.bench.settings import mixture_components, model_name, parse_splits  # noqa: E402
-from alacarte.factory import make_model  # noqa: E402
+from alacarte.bench.settings import parse_splits  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from alacarte.kernels._params import log_positive  # noqa: E402
 from _jsonl_rows import append_row, read_rows  # noqa: E402
-from calibration import fit_draws  # noqa: E402
+from calibration import SHIPPED_COMPONENTS, cell_model, fit_draws  # noqa: E402
 
 CONSTRAINTS = {"softplus": Positive, "log": log_positive}
 
 
-def fit_one(data, split: int, method: str, parameterisation: str, num_samples: int) -> dict:
+def fit_one(data, split: int, method: str, parameterisation: str, num_samples: int, num_components) -> dict:
     """``calibration.py``'s one-draw fit of the cell, with the lengthscale's (GM: scales') constraint replaced."""
-    n, d = data.x_train.shape
-
     def build(seed: int):
-        model = make_model(model_name(method, n), d, num_samples=num_samples,
-                           num_components=mixture_components("auto", n), seed=seed)
+        model = cell_model(method, data, seed, num_samples, num_components)
         kernel, name = scale_parameter(model)
         kernel.register_constraint(f"raw_{name}", CONSTRAINTS[parameterisation]())
         return model
@@ -76,7 +72,7 @@ def run(args) -> None:
                         continue
                     row = {"dataset": dataset, "split": split, "method": method,
                            "parameterisation": parameterisation,
-                           **fit_one(data, split, method, parameterisation, args.num_samples)}
+                           **fit_one(data, split, method, parameterisation, args.num_samples, args.num_components)}
                     append_row(args.out, row)
                     print(f"{dataset} {split} {method} {parameterisation}: rmse {row['rmse']:.4g} "
                           f"nlpd {row['nlpd']:.3f} ({row['cpu_s']} s)", flush=True)
@@ -117,6 +113,8 @@ def main(argv=None) -> None:
     r.add_argument("--splits", default="0-2")
     r.add_argument("--parameterisations", nargs="+", choices=sorted(CONSTRAINTS), default=["softplus", "log"])
     r.add_argument("--num-samples", type=int, default=512)
+    r.add_argument("--num-components", default=str(SHIPPED_COMPONENTS),
+                   help=f"GM/PWL components: a number or auto (default {SHIPPED_COMPONENTS}, the shipped one)")
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
     p = sub.add_parser("report")
     p.add_argument("jsonl", nargs="+")

@@ -18,12 +18,11 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
-from alacarte.bench.settings import mixture_components, model_name, package_version  # noqa: E402
-from alacarte.factory import make_model  # noqa: E402
+from alacarte.bench.settings import package_version  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
 from alacarte.training import _optimization  # noqa: E402
 from _jsonl_rows import append_row  # noqa: E402
-from calibration import fit_draws  # noqa: E402
+from calibration import cell_model, fit_draws  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -39,14 +38,10 @@ def main(argv=None) -> None:
     torch.set_default_dtype(torch.float64)
     _optimization.PATIENCE = args.patience  # read at every iterate by the held-out early stop
     data = ac.load_uci(args.dataset, args.split, args.data)
-    n, d = data.x_train.shape
-
-    def build(seed: int):
-        return make_model(model_name(args.method, n), d, num_samples=args.num_samples,
-                          num_components=mixture_components("auto", n), seed=seed)
-
     start = time.process_time()
-    scores, _, (history,) = fit_draws(data, args.split, 1, build, validation_fraction=RECOMMENDED_FRACTION)
+    scores, _, (history,) = fit_draws(data, args.split, 1,
+                                      lambda seed: cell_model(args.method, data, seed, args.num_samples),
+                                      validation_fraction=RECOMMENDED_FRACTION)
     append_row(args.out, {"dataset": args.dataset, "split": args.split, "method": args.method,
                           "patience": args.patience, **scores, "iterations": history.iterations,
                           "best_iteration": history.best_iteration, "restart_scores": history.restart_losses,
