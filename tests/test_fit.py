@@ -46,7 +46,7 @@ def test_fit_rejects_bad_settings():
     with pytest.raises(ValueError, match="max_iter"):
         fit(feature_model(), x, y, max_iter=0)
     for bad_lr in (-1.0, float("nan"), "0.1"):
-        with pytest.raises(ValueError, match="lr must be a finite number in \(0, inf\)"):
+        with pytest.raises(ValueError, match=r"lr must be a finite number in \(0, inf\)"):
             fit(feature_model(), x, y, lr=bad_lr)
     for bad_seed in (-1, 1.5, "0", 2**64):
         with pytest.raises(ValueError, match="seed must be None or an integer"):
