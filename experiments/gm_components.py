@@ -74,6 +74,15 @@ def report(args) -> str:
         changes.append(by_q[chosen]["nlpd"] - by_q[max(qs)]["nlpd"])
         right += chosen == better
         lines.append(f"| {dataset} | {split} | {shown} | {chosen} | {better} | {changes[-1]:+.3f} |")
+    lines += ["", "Means over the splits above:", "",
+              "| dataset | Q | test RMSE | NLPD | 95% coverage |", "|---|---:|---:|---:|---:|"]
+    for dataset in sorted({d for d, _ in cells}):
+        paired = [by_q for (d, _), by_q in sorted(cells.items()) if d == dataset and set(by_q) == set(qs)]
+        if not paired:
+            continue
+        for q in qs:
+            means = [statistics.mean(by_q[q][name] for by_q in paired) for name in ("rmse", "nlpd", "coverage95")]
+            lines.append(f"| {dataset} | {q} | {means[0]:.4g} | {means[1]:.3f} | {means[2]:.3f} |")
     if changes:
         lines += ["", f"The held-out score chose the Q with the lower test NLPD on {right} of {len(changes)} splits; "
                   f"mean NLPD change against Q = {max(qs)}: {statistics.mean(changes):+.3f}."]
