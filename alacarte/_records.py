@@ -317,7 +317,7 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
         return
     fitted = check_dict(record["fitted"], "record.fitted",
                         ("model", "n_features_in_", "n_iter_", "log_marginal_likelihood_", "history"),
-                        ("feature_names_in_", "more_models"))
+                        ("feature_names_in_", "more_models", "num_components_", "component_scores_"))
     check_int(fitted["n_iter_"], "record.fitted.n_iter_")
     check_float(fitted["log_marginal_likelihood_"], "record.fitted.log_marginal_likelihood_")
     check_history(fitted["history"], "record.fitted.history")
@@ -333,6 +333,11 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
     counts = (1, AUTO_DRAWS) if draws == "auto" else (draws,) if type(draws) is int else ()  # "auto": as resolved
     if len(more) + 1 not in counts:
         fail("record.fitted.more_models", f"{len(more)} models, but the estimator's num_draws is {draws!r:.20}")
+    if "num_components_" in fitted:
+        check_int(fitted["num_components_"], "record.fitted.num_components_", 1)
+    check_list(fitted.get("component_scores_", []), "record.fitted.component_scores_",
+               lambda v, f: (isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], float))
+               or fail(f, f"expected a [components, score] pair, got {v!r:.80}"))
     if "feature_names_in_" in fitted:
         names = check_list(fitted["feature_names_in_"], "record.fitted.feature_names_in_",
                            lambda v, f: isinstance(v, str) or fail(f, f"expected a str, got {v!r:.80}"))

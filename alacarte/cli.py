@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ._files import refuse_unwritable
 from ._validation import check_nonnegative_int, check_positive_int, check_seed
-from .factory import EXACT_GP_ROWS, KERNEL_NAMES, check_draws, exact_gp_cost
+from .factory import EXACT_GP_ROWS, KERNEL_NAMES, check_draws, component_candidates, exact_gp_cost
 from .holdout import check_fraction
 from .kernels import FeatureKernel
 from .training import fit
@@ -148,8 +148,8 @@ def _check_cells(path: Path, names: list[str], wanted: list[str], rows) -> None:
                 raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 
-def draw_count(text: str) -> int | str:
-    """``--num-draws``' value: ``auto`` or an integer (checked before the data are read)."""
+def count_or_auto(text: str) -> int | str:
+    """``--num-draws``' and ``--num-components``' value: ``auto`` or an integer (checked before the data are read)."""
     return text if text == "auto" else int(text)
 
 
@@ -192,9 +192,10 @@ def _fit(args: argparse.Namespace) -> int:
     from .regressor import AlaCarteRegressor
 
     # Named as the flags, and before the data are read (the estimator would name its parameters: num_samples).
-    for flag in ("num_samples", "num_components", "max_iter"):
+    for flag in ("num_samples", "max_iter"):
         check_positive_int(getattr(args, flag), "--" + flag.replace("_", "-"))
     check_draws(args.num_draws, "--num-draws")
+    component_candidates(args.num_components, args.kernel, args.num_samples, "--num-components")
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")
@@ -328,9 +329,10 @@ def _add_fit(commands, common) -> None:
     cmd.add_argument("--out", help="model file to write (default: DATA with suffix .alacarte)")
     cmd.add_argument("--num-samples", type=int, default=default["num_samples"],
                      help=f"frequencies M (D = 2M features; default {default['num_samples']})")
-    cmd.add_argument("--num-components", type=int, default=default["num_components"],
-                     help=f"mixture components of gm/pwl (default {default['num_components']})")
-    cmd.add_argument("--num-draws", type=draw_count, default=default["num_draws"],
+    cmd.add_argument("--num-components", type=count_or_auto, default=default["num_components"],
+                     help="mixture components of gm/pwl, or auto: fit with 1 and with 4 and keep the one whose "
+                          f"held-out rows score lower, at twice the cost (default {default['num_components']})")
+    cmd.add_argument("--num-draws", type=count_or_auto, default=default["num_draws"],
                      help="independent fits, each with its own feature draw, whose predictive distributions are "
                           f"averaged: truer bands where one draw's features fall short, at that many times the cost "
                           f"(default {default['num_draws']}: 5 for a feature kernel with at most twice as many rows "

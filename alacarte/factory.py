@@ -24,8 +24,9 @@ from .kernels import (
 from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
-__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "exact_gp_cost", "make_model",
-           "resolve_draws", "draws_for_features", "check_draws", "default_dtype", "floating_state"]
+__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "AUTO_COMPONENTS", "exact_gp_cost",
+           "make_model", "resolve_draws", "draws_for_features", "check_draws", "component_candidates", "default_dtype",
+           "floating_state"]
 
 #: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
 #: (the command line says so before it starts one).
@@ -58,6 +59,11 @@ FEATURE_KERNEL_CLASSES = tuple(dict.fromkeys(cls for cls, _ in _FEATURE_KERNELS.
 
 #: The fits ``num_draws="auto"`` averages for a feature GP with at most twice as many training rows as features.
 AUTO_DRAWS = 5
+#: The components ``num_components="auto"`` fits a ``"gm"`` or ``"pwl"`` model with, keeping the one whose
+#: held-out rows score lower: the components share the D features, and one wide component can beat
+#: four narrow ones where n is large (docs/calibration.md).
+AUTO_COMPONENTS = (1, 4)
+_MIXTURE_KERNELS = ("gm", "pwl")
 
 
 def resolve_draws(num_draws, model, n: int) -> int:
@@ -93,6 +99,24 @@ def check_draws(num_draws, name: str = "num_draws") -> int | str:
             return num_draws
         raise ValueError(f"{name} must be a positive integer or 'auto', got {num_draws!r}")
     return check_positive_int(num_draws, name)
+
+
+def component_candidates(num_components, kernel, num_samples: int, name: str = "num_components") -> tuple[int, ...]:
+    """The numbers of components the estimator fits ``kernel`` with: ``(num_components,)``, or for ``"auto"``
+    and a named mixture kernel the :data:`AUTO_COMPONENTS` that divide ``num_samples`` (other kernels have
+    no components: one fit, with the first).
+
+    Raises:
+        ValueError: for anything but a positive int or ``"auto"``.
+    """
+    if isinstance(num_components, str):
+        if num_components != "auto":
+            raise ValueError(f"{name} must be a positive integer or 'auto', got {num_components!r}")
+        if kernel not in _MIXTURE_KERNELS:
+            return AUTO_COMPONENTS[:1]
+        num_samples = check_positive_int(num_samples, "num_samples")
+        return tuple(q for q in AUTO_COMPONENTS if num_samples % q == 0)
+    return (check_positive_int(num_components, name),)
 
 
 def floating_state(module: torch.nn.Module) -> Tensor:

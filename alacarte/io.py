@@ -322,6 +322,8 @@ def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
             "n_iter_": int(reg.n_iter_),
             "log_marginal_likelihood_": float(reg.log_marginal_likelihood_),
             "history": {k: v for k, v in vars(reg.history_).items()},
+            "num_components_": int(reg.num_components_),
+            "component_scores_": [[int(q), float(score)] for q, score in reg.component_scores_.items()],
         }
         if more:
             record["fitted"]["more_models"] = more
@@ -345,6 +347,9 @@ def _build_regressor(record: Any) -> AlaCarteRegressor:
         reg.n_features_in_ = fitted["n_features_in_"]
         reg.n_iter_ = fitted["n_iter_"]
         reg.log_marginal_likelihood_ = fitted["log_marginal_likelihood_"]
+        # A file without the choice holds an int num_components.
+        reg.num_components_ = fitted.get("num_components_", params["num_components"])
+        reg.component_scores_ = {q: score for q, score in fitted.get("component_scores_", [])}
         if "feature_names_in_" in fitted:
             reg.feature_names_in_ = np.asarray(fitted["feature_names_in_"], dtype=object)
     return reg

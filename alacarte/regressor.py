@@ -21,13 +21,14 @@ from ._validation import (
     unfitted_on_failure,
     varying_columns,
 )
-from .factory import KERNEL_NAMES, make_model, resolve_draws
+from .factory import KERNEL_NAMES, component_candidates, make_model, resolve_draws
+from .holdout import resolve_fraction
 from .kernels import FeatureKernel
 from .models import FeatureGP
 from .selection.evidence import SelectionFrequency, select_inputs, simplex_kernel
 from .training import FitHistory, current_loss, fit
 
-__all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments"]
+__all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score"]
 
 
 def _defaults(function) -> dict:
@@ -87,7 +88,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             or an alacarte :class:`~alacarte.FeatureKernel` object, which is
             copied, never modified.
         num_samples: frequencies M of a named feature kernel (D = 2M features).
-        num_components: mixture components of ``"gm"`` / ``"pwl"`` (must divide ``num_samples``).
+        num_components: mixture components of ``"gm"`` / ``"pwl"`` (must divide ``num_samples``), or
+            ``"auto"``: every draw fitted with each of :data:`alacarte.factory.AUTO_COMPONENTS` (1 and 4),
+            keeping the number whose held-out rows score lower (:func:`held_out_score`) — twice the
+            fitting cost (docs/calibration.md).
         num_draws: independent fits, each with its own feature draw, restarts and held-out rows
             (seeds ``random_state + 1000·k``), whose predictive distributions are averaged: the
             mean of their means, the variance of their equal mixture (docs/calibration.md).  A
@@ -125,6 +129,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             averaged over the draws.
         relevance_draws_: each draw's relevances, ``(len(models_), n_features_in_)``: how far one
             feature draw's reading of an input can be trusted (docs/variable_selection.md).
+        num_components_: the number of components the kept fits have (``num_components`` itself unless "auto").
+        component_scores_: with ``num_components="auto"``, each number of components' held-out score
+            (:func:`held_out_score`; empty otherwise).
         selection_frequency_: with ``select``, the share of the draws that kept each input.
         selected_: with ``select``, the inputs kept by at least 4 in 5 of the draws (every draw's,
             for one draw): :meth:`~alacarte.selection.SelectionFrequency.stable`.
@@ -160,7 +167,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         kernel: str | FeatureKernel = "gm",
         *,
         num_samples: int = _MODEL["num_samples"],
-        num_components: int = _MODEL["num_components"],
+        num_components: int | str = _MODEL["num_components"],
         num_draws: int | str = "auto",
         max_iter: int = _FIT["max_iter"],
         restarts: int = _FIT["restarts"],
@@ -185,7 +192,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.progress = progress
 
     # -- fitting ------------------------------------------------------------------------
-    def _build_model(self, num_dims: int, seed: int):
+    def _build_model(self, num_dims: int, seed: int, num_components: int):
         kernel = self.kernel
         if isinstance(kernel, FeatureKernel):
             kernel = copy.deepcopy(kernel)
@@ -193,7 +200,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(
                 f"kernel must be one of {', '.join(KERNEL_NAMES)} or an alacarte FeatureKernel, got {kernel!r}"
             )
-        model = make_model(kernel, num_dims, num_samples=self.num_samples, num_components=self.num_components,
+        model = make_model(kernel, num_dims, num_samples=self.num_samples, num_components=num_components,
                            seed=seed)
         return model.double()
 
@@ -211,34 +218,34 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         Raises:
             ValueError: for NaN/inf, non-numeric or mismatched data, fewer than 2 rows, constant
                 targets, or an impossible setting (unknown ``kernel`` or ``optimizer``,
-                ``num_samples`` not a multiple of ``num_components``, …).  A failed fit leaves
-                the estimator unfitted.
+                ``num_samples`` not a multiple of ``num_components``, ``num_components="auto"``
+                without held-out rows, …).  A failed fit leaves the estimator unfitted.
         """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         y = float64_targets(y)
         seed = _as_seed(self.random_state)
         select = check_bool(self.select, "select")
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
-        models, histories, selections = [self._build_model(X.shape[1], seed)], [], []
+        candidates = component_candidates(self.num_components, self.kernel, self.num_samples)
+        first = self._build_model(X.shape[1], seed, candidates[0])
         if select:
             try:
-                simplex_kernel(models[0])
+                simplex_kernel(first)
             except ValueError as error:
                 raise ValueError("select=True needs one simplex-ARD kernel: pass e.g. FSARDKernel(d, M, "
                                  "ard_num_dims=d, simplex=True) as kernel") from error
-        draws = resolve_draws(self.num_draws, models[0], X.shape[0])
+        if len(candidates) > 1 and not resolve_fraction(self.validation_fraction, first, streamed=False):
+            raise ValueError("num_components='auto' keeps the number of components whose held-out rows score "
+                             "lower: it needs validation_fraction > 0")
+        draws = resolve_draws(self.num_draws, first, X.shape[0])
         seeds = [(seed + 1000 * draw) % 2**64 for draw in range(draws)]
-        for draw, draw_seed in enumerate(seeds):
-            if draw:
-                models.append(self._build_model(X.shape[1], draw_seed))
-            histories.append(fit(
-                models[-1], x_t, y_t, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
-                restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
-                validation_fraction=self.validation_fraction,
-            ))
-            if select:
-                selections.append(select_inputs(models[-1], x_t, y_t, seed=draw_seed,
-                                                validation_fraction=self.validation_fraction).selected)
+        runs = [self._fit_draws(x_t, y_t, seeds, q, select) for q in candidates]
+        self.component_scores_, best = {}, 0
+        if len(candidates) > 1:
+            self.component_scores_ = {q: held_out_score(histories) for q, (_, histories, _) in zip(candidates, runs)}
+            best = min(range(len(candidates)), key=lambda k: self.component_scores_[candidates[k]])
+        models, histories, selections = runs[best]
+        self.num_components_ = candidates[best]
         model, self.history_ = models[0], histories[0]
         # −loss is log p(y_std)/n (+ log priors); the standardisation y = s·y_std + c has Jacobian sⁿ.
         n = X.shape[0]
@@ -252,6 +259,23 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.n_iter_ = self.history_.iterations
         self.model_, self.models_ = model, models
         return self
+
+    def _fit_draws(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], num_components: int,
+                   select: bool) -> tuple[list, list[FitHistory], list]:
+        """One fit per seed (its own feature draw, restarts and held-out rows), inputs selected after each
+        with ``select``: the models, their histories and their selected sets."""
+        models, histories, selections = [], [], []
+        for draw_seed in seeds:
+            models.append(self._build_model(x.shape[1], draw_seed, num_components))
+            histories.append(fit(
+                models[-1], x, y, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
+                restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
+                validation_fraction=self.validation_fraction,
+            ))
+            if select:
+                selections.append(select_inputs(models[-1], x, y, seed=draw_seed,
+                                                validation_fraction=self.validation_fraction).selected)
+        return models, histories, selections
 
     # -- prediction ---------------------------------------------------------------------
     def _test_inputs(self, X) -> torch.Tensor:
@@ -341,6 +365,14 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         """Each draw's relevances, ``(len(models_), n_features_in_)``, each row non-negative and summing to one."""
         check_is_fitted(self)
         return np.stack([kernel_relevance(model) for model in self.models_])
+
+
+def held_out_score(histories: list[FitHistory]) -> float:
+    """The mean over fits of the best score their held-out rows gave an iterate (standardised units): what
+    ``num_components="auto"`` compares."""
+    if not all(h.validation_loss for h in histories):
+        raise ValueError("a fit without held-out rows scoring its iterates has no held-out score")
+    return sum(min(h.validation_loss) for h in histories) / len(histories)
 
 
 def mixture_moments(means: torch.Tensor, variances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

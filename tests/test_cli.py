@@ -275,6 +275,18 @@ def test_num_draws_fits_and_saves_every_draw(tmp_path, capsys, monkeypatch):
     assert reg.num_draws == "auto" and len(reg.models_) == 5
 
 
+def test_num_components_auto_fits_both_and_saves_the_choice(tmp_path):
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-2, 2, size=(80, 2))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.normal(size=80)
+    data = write_csv(tmp_path / "d.csv", ["a", "b", "y"], np.column_stack([x, y]))
+    assert main(["fit", data, "--target", "y", "--kernel", "gm", *SMALL, "--num-components", "auto",
+                 "--num-draws", "1"]) == 0
+    reg = load_model(tmp_path / "d.alacarte")
+    assert reg.num_components == "auto" and set(reg.component_scores_) == {1, 4}
+    assert reg.num_components_ == min(reg.component_scores_, key=reg.component_scores_.get)
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--num-samples", "0", "--num-samples must be a positive integer, got 0"),
     ("--num-components", "-1", "--num-components must be a positive integer, got -1"),

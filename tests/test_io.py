@@ -125,6 +125,23 @@ def test_every_draw_of_a_regressor_is_saved_and_a_file_missing_one_is_refused(tm
         load_model(tmp_path / "bad.alacarte")
 
 
+def test_auto_components_reload_their_choice_and_scores_and_bad_scores_are_refused(tmp_path):
+    x, y = data()
+    reg = AlaCarteRegressor("gm", **{**SMALL, "num_components": "auto", "num_draws": 1}).fit(x, y)
+    good = save_model(reg, tmp_path / "r.alacarte").read_bytes()
+    loaded = load_model(tmp_path / "r.alacarte")
+    assert loaded.num_components == "auto" and loaded.num_components_ == reg.num_components_
+    assert loaded.component_scores_ == reg.component_scores_ and set(reg.component_scores_) == {1, 4}
+    a, b = reg.predict(x, return_std=True), loaded.predict(x, return_std=True)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    payload = torch.load(io.BytesIO(_parts(good)[1]), weights_only=True)
+    fitted = {**payload["record"]["fitted"], "component_scores_": [["1", 0.5]]}
+    bad = {**payload, "record": {**payload["record"], "fitted": fitted}}
+    (tmp_path / "bad.alacarte").write_bytes(_rewritten(good, body=_torch_bytes(bad)))
+    with pytest.raises(ValueError, match="component_scores_"):
+        load_model(tmp_path / "bad.alacarte")
+
+
 def test_auto_draws_reload_every_draw_and_a_count_auto_cannot_give_is_refused(tmp_path):
     x, y = data()  # 60 rows, D = 32 features: num_draws="auto" fits five
     reg = AlaCarteRegressor("fsard", **SMALL).fit(x, y)

@@ -207,6 +207,42 @@ def test_several_draws_predict_their_equal_mixture(name):
         AlaCarteRegressor(name, **{**SMALL, "num_draws": 0}).fit(x, y)
 
 
+@pytest.mark.parametrize("name", ["gm", "pwl"])
+def test_auto_components_keep_the_fit_whose_held_out_rows_score_lower(name):
+    """num_components="auto": each draw fitted with 1 and with 4 components; the scores are the mean over
+    the draws of each fit's best held-out score, recomputed here from alacarte.fit on the same models and
+    seeds, and the estimator is, prediction for prediction, the one fitted with the lower-scoring number."""
+    x, y = data(n=120)
+    settings = {**SMALL, "num_draws": 2, "num_components": "auto"}
+    reg = AlaCarteRegressor(name, **settings).fit(x, y)
+    assert set(reg.component_scores_) == {1, 4}
+    for q in (1, 4):
+        best = []
+        for seed in (0, 1000):
+            model = make_model(name, 3, num_samples=16, num_components=q, seed=seed)
+            history = ac.fit(model, torch.as_tensor(x), torch.as_tensor(y), max_iter=10, restarts=1,
+                             restart_iter=3, seed=seed, progress=False)
+            best.append(min(history.validation_loss))
+        assert reg.component_scores_[q] == pytest.approx(np.mean(best), rel=1e-12)
+    chosen = min(reg.component_scores_, key=reg.component_scores_.get)
+    assert reg.num_components_ == chosen
+    assert [m.covar_module.num_components for m in reg.models_] == [chosen, chosen]
+    plain = AlaCarteRegressor(name, **{**settings, "num_components": chosen}).fit(x, y)
+    assert np.array_equal(reg.predict(x[:7], return_std=True), plain.predict(x[:7], return_std=True))
+    assert plain.num_components_ == chosen and plain.component_scores_ == {}
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"num_components": "two"}, "num_components must be a positive integer or 'auto'"),
+    ({"num_components": 0}, "num_components must be a positive integer"),
+    ({"num_components": "auto", "validation_fraction": 0}, "needs validation_fraction > 0"),
+])
+def test_num_components_other_than_a_count_or_auto_with_held_out_rows_is_a_clear_error(settings, message):
+    x, y = data(n=40)
+    with pytest.raises(ValueError, match=message):
+        AlaCarteRegressor("gm", **{**SMALL, **settings}).fit(x, y)
+
+
 def test_relevance_is_the_kernels_or_inverse_lengthscales():
     x, y = data(n=50)
     reg = AlaCarteRegressor("fsard", **SMALL).fit(x, y)
