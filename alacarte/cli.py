@@ -195,7 +195,7 @@ def _fit(args: argparse.Namespace) -> int:
     for flag in ("num_samples", "max_iter"):
         check_positive_int(getattr(args, flag), "--" + flag.replace("_", "-"))
     check_draws(args.num_draws, "--num-draws")
-    component_candidates(args.num_components, args.kernel, args.num_samples, "--num-components")
+    component_candidates(args.num_components, args.kernel, args.num_samples, name="--num-components")
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")

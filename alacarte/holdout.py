@@ -45,7 +45,7 @@ from .mll import homoskedastic_noise
 from .woodbury import NotPositiveDefiniteError, SufficientStatistics, WoodburyPosterior, sufficient_statistics
 
 __all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "SCALE_PRIOR_ROWS", "HeldOut", "check_fraction",
-           "maximize_band_likelihood", "resolve_fraction", "scores_iterates", "split_rows"]
+           "held_out_count", "maximize_band_likelihood", "resolve_fraction", "scores_iterates", "split_rows"]
 
 #: The share of training rows a feature GP's fit holds out by default (docs/calibration.md).
 RECOMMENDED_FRACTION = 0.2
@@ -106,14 +106,18 @@ def scores_iterates(model) -> bool:
     return not getattr(model.covar_module, "simplex", False)
 
 
-def split_rows(n: int, fraction: float, seed: int | None) -> tuple[Tensor, Tensor] | None:
-    """Indices (kept, held out) of a seeded random split of ``n`` rows, or ``None`` when nothing is held out.
+def held_out_count(n: int, fraction: float) -> int:
+    """How many of ``n`` rows :func:`split_rows` holds out at ``fraction``: ``round(fraction·n)``, at most
+    :data:`MAX_ROWS`, and none when fewer than 10 rows are given (the score of one or two rows would pick
+    iterates at random)."""
+    return 0 if n < _MIN_ROWS else min(int(round(fraction * n)), MAX_ROWS)
 
-    ``round(fraction·n)`` rows, at most :data:`MAX_ROWS`, are held out; none when that is 0, or
-    when fewer than 10 rows are given (the score of one or two rows would pick iterates at random).
-    """
-    held = min(int(round(fraction * n)), MAX_ROWS)
-    if held < 1 or n < _MIN_ROWS:
+
+def split_rows(n: int, fraction: float, seed: int | None) -> tuple[Tensor, Tensor] | None:
+    """Indices (kept, held out) of a seeded random split of ``n`` rows (:func:`held_out_count` of them held
+    out), or ``None`` when nothing is held out."""
+    held = held_out_count(n, fraction)
+    if held < 1:
         return None
     # A generator of its own: the restarts' draws stay those of a fit without held-out rows.
     order = torch.as_tensor(np.random.default_rng(None if seed is None else [seed, 0x401d]).permutation(n))

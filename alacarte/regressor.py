@@ -22,7 +22,7 @@ from ._validation import (
     varying_columns,
 )
 from .factory import KERNEL_NAMES, component_candidates, make_model, resolve_draws
-from .holdout import resolve_fraction
+from .holdout import held_out_count, resolve_fraction
 from .kernels import FeatureKernel
 from .models import FeatureGP
 from .selection.evidence import SelectionFrequency, select_inputs, simplex_kernel
@@ -89,9 +89,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             copied, never modified.
         num_samples: frequencies M of a named feature kernel (D = 2M features).
         num_components: mixture components of ``"gm"`` / ``"pwl"`` (must divide ``num_samples``), or
-            ``"auto"``: every draw fitted with each of :data:`alacarte.factory.AUTO_COMPONENTS` (1 and 4),
-            keeping the number whose held-out rows score lower (:func:`held_out_score`) — twice the
-            fitting cost (docs/calibration.md).
+            ``"auto"``: 4, and where the fit holds out at least
+            :data:`~alacarte.factory.AUTO_COMPONENT_ROWS` (400) rows, every draw fitted with 1 and with 4,
+            keeping the number whose held-out rows score lower (:func:`held_out_score`), at twice the
+            cost (:func:`alacarte.factory.component_candidates`; docs/calibration.md).
         num_draws: independent fits, each with its own feature draw, restarts and held-out rows
             (seeds ``random_state + 1000·k``), whose predictive distributions are averaged: the
             mean of their means, the variance of their equal mixture (docs/calibration.md).  A
@@ -130,8 +131,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         relevance_draws_: each draw's relevances, ``(len(models_), n_features_in_)``: how far one
             feature draw's reading of an input can be trusted (docs/variable_selection.md).
         num_components_: the number of components the kept fits have (``num_components`` itself unless "auto").
-        component_scores_: with ``num_components="auto"``, each number of components' held-out score
-            (:func:`held_out_score`; empty otherwise).
+        component_scores_: each number of components' held-out score (:func:`held_out_score`) where
+            ``num_components="auto"`` chose between several; empty otherwise.
         selection_frequency_: with ``select``, the share of the draws that kept each input.
         selected_: with ``select``, the inputs kept by at least 4 in 5 of the draws (every draw's,
             for one draw): :meth:`~alacarte.selection.SelectionFrequency.stable`.
@@ -167,7 +168,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         kernel: str | FeatureKernel = "gm",
         *,
         num_samples: int = _MODEL["num_samples"],
-        num_components: int | str = _MODEL["num_components"],
+        num_components: int | str = "auto",
         num_draws: int | str = "auto",
         max_iter: int = _FIT["max_iter"],
         restarts: int = _FIT["restarts"],
@@ -218,34 +219,27 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         Raises:
             ValueError: for NaN/inf, non-numeric or mismatched data, fewer than 2 rows, constant
                 targets, or an impossible setting (unknown ``kernel`` or ``optimizer``,
-                ``num_samples`` not a multiple of ``num_components``, ``num_components="auto"``
-                without held-out rows, …).  A failed fit leaves the estimator unfitted.
+                ``num_samples`` not a multiple of ``num_components``, …).  A failed fit leaves
+                the estimator unfitted.
         """
         X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
         y = float64_targets(y)
         seed = _as_seed(self.random_state)
         select = check_bool(self.select, "select")
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
-        candidates = component_candidates(self.num_components, self.kernel, self.num_samples)
-        first = self._build_model(X.shape[1], seed, candidates[0])
+        one_fit = component_candidates(self.num_components, self.kernel, self.num_samples)
+        first = self._build_model(X.shape[1], seed, one_fit[0])
         if select:
             try:
                 simplex_kernel(first)
             except ValueError as error:
                 raise ValueError("select=True needs one simplex-ARD kernel: pass e.g. FSARDKernel(d, M, "
                                  "ard_num_dims=d, simplex=True) as kernel") from error
-        if len(candidates) > 1 and not resolve_fraction(self.validation_fraction, first, streamed=False):
-            raise ValueError("num_components='auto' keeps the number of components whose held-out rows score "
-                             "lower: it needs validation_fraction > 0")
+        held_out = held_out_count(X.shape[0], resolve_fraction(self.validation_fraction, first, streamed=False))
+        candidates = component_candidates(self.num_components, self.kernel, self.num_samples, held_out)
         draws = resolve_draws(self.num_draws, first, X.shape[0])
         seeds = [(seed + 1000 * draw) % 2**64 for draw in range(draws)]
-        runs = [self._fit_draws(x_t, y_t, seeds, q, select) for q in candidates]
-        self.component_scores_, best = {}, 0
-        if len(candidates) > 1:
-            self.component_scores_ = {q: held_out_score(histories) for q, (_, histories, _) in zip(candidates, runs)}
-            best = min(range(len(candidates)), key=lambda k: self.component_scores_[candidates[k]])
-        models, histories, selections = runs[best]
-        self.num_components_ = candidates[best]
+        models, histories, selections = self._fit_components(x_t, y_t, seeds, candidates, select)
         model, self.history_ = models[0], histories[0]
         # −loss is log p(y_std)/n (+ log priors); the standardisation y = s·y_std + c has Jacobian sⁿ.
         n = X.shape[0]
@@ -259,6 +253,15 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.n_iter_ = self.history_.iterations
         self.model_, self.models_ = model, models
         return self
+
+    def _fit_components(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], candidates: tuple[int, ...],
+                        select: bool) -> tuple[list, list[FitHistory], list]:
+        """The draws fitted with each number of components in ``candidates``; those of the number whose
+        held-out score is lowest are kept (``num_components_``, ``component_scores_``) and returned."""
+        runs = {q: self._fit_draws(x, y, seeds, q, select) for q in candidates}
+        self.component_scores_ = {q: held_out_score(run[1]) for q, run in runs.items()} if len(runs) > 1 else {}
+        self.num_components_ = min(candidates, key=lambda q: self.component_scores_.get(q, 0.0))
+        return runs[self.num_components_]
 
     def _fit_draws(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], num_components: int,
                    select: bool) -> tuple[list, list[FitHistory], list]:
@@ -369,7 +372,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
 
 def held_out_score(histories: list[FitHistory]) -> float:
     """The mean over fits of the best score their held-out rows gave an iterate (standardised units): what
-    ``num_components="auto"`` compares."""
+    ``num_components="auto"`` compares.
+
+    Raises:
+        ValueError: where a fit's held-out rows scored no iterate.
+    """
     if not all(h.validation_loss for h in histories):
         raise ValueError("a fit without held-out rows scoring its iterates has no held-out score")
     return sum(min(h.validation_loss) for h in histories) / len(histories)

@@ -28,6 +28,7 @@ import math
 import sys
 import time
 import warnings
+from functools import partial
 from collections import defaultdict
 from pathlib import Path
 
@@ -39,24 +40,32 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import mixture_components, model_name, package_version, parse_splits  # noqa: E402
-from alacarte.factory import draws_for_features, make_model  # noqa: E402
-from alacarte.holdout import RECOMMENDED_FRACTION  # noqa: E402
-from alacarte.regressor import mixture_moments  # noqa: E402
+from alacarte.factory import component_candidates, draws_for_features, make_model  # noqa: E402
+from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
+from alacarte.regressor import held_out_score, mixture_moments  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from _draws import draws_setting, row_draws  # noqa: E402
 
 SHIPPED_COMPONENTS = inspect.signature(make_model).parameters["num_components"].default
 FIELDS = ["dataset", "split", "method", "validation_fraction", "num_features", "n_train", "rmse", "nlpd",
           "coverage50", "coverage95", "std_over_rmse", "noise", "held_out_rows", "iterations", "seconds", "version",
-          "num_draws"]
+          "num_draws", "num_components"]
 
 
 def cell_model(method: str, data, seed: int, num_samples: int = 512, num_components: str | int = SHIPPED_COMPONENTS):
     """The model a cell fits: exact GPs as their Fastfood expansion above n = 2 000; GM and PWL with
-    ``num_components`` components (a number, or ``"auto"``: ``mixture_components``' rule)."""
+    ``num_components`` components (a number, or ``"runner"``: the UCI runner's rule, ``mixture_components``)."""
     n, d = data.x_train.shape
-    return make_model(model_name(method, n), d, num_samples=num_samples,
-                      num_components=mixture_components(num_components, n), seed=seed)
+    q = mixture_components("auto" if num_components == "runner" else num_components, n)
+    return make_model(model_name(method, n), d, num_samples=num_samples, num_components=q, seed=seed)
+
+
+def cell_components(method: str, n: int, setting: str | int, num_samples: int, fraction: float) -> tuple:
+    """The numbers of components a cell fits (and keeps the held-out score's choice of): ``setting``'s, where
+    ``"auto"`` is the estimator's rule (``alacarte.factory.component_candidates``)."""
+    if setting != "auto":
+        return (setting,)
+    return component_candidates("auto", method, num_samples, held_out_count(n, fraction))
 
 
 def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, list, list]:
@@ -82,15 +91,19 @@ def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, li
 def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> dict:
     n = data.x_train.shape[0]
     start = time.perf_counter()
-    build = lambda seed: cell_model(method, data, seed, args.num_samples, args.num_components)  # noqa: E731
-    scores, models, histories = fit_draws(data, split, draws, build, validation_fraction=args.validation_fraction)
+    fits = {}
+    for q in cell_components(method, n, args.num_components, args.num_samples, args.validation_fraction):
+        fits[q] = fit_draws(data, split, draws, partial(cell_model, method, data, num_samples=args.num_samples,
+                                                        num_components=q), validation_fraction=args.validation_fraction)
+    chosen = next(iter(fits)) if len(fits) == 1 else min(fits, key=lambda q: held_out_score(fits[q][2]))
+    scores, models, histories = fits[chosen]
     seconds = time.perf_counter() - start
     return {"dataset": dataset, "split": split, "method": method,
             "validation_fraction": args.validation_fraction,
             "num_features": 0 if method.startswith("exact") else 2 * args.num_samples, "n_train": n, **scores,
             "noise": float(models[0].likelihood.noise.detach().min()), "held_out_rows": histories[0].held_out_rows,
             "iterations": histories[0].iterations, "seconds": round(seconds, 2), "version": package_version(),
-            "num_draws": draws}
+            "num_draws": draws, "num_components": chosen if method in ("gm", "pwl") else ""}
 
 
 def _key(row: dict) -> tuple:
@@ -295,8 +308,9 @@ def main(argv=None) -> None:
     r.add_argument("--methods", nargs="+", default=["exact-ard", "fsard", "fsgbard", "gm", "pwl"])
     r.add_argument("--splits", default="0-2")
     r.add_argument("--num-samples", type=int, default=512)
-    r.add_argument("--num-components", default=str(SHIPPED_COMPONENTS),
-                   help=f"GM/PWL components: a number or auto (default {SHIPPED_COMPONENTS}, make_model's)")
+    r.add_argument("--num-components", default="auto", type=lambda t: t if t in ("auto", "runner") else int(t),
+                   help="GM/PWL components: a number, runner (the UCI runner's rule) or auto (default: the "
+                        "estimator's, which keeps the better of 1 and 4 by the held-out score above 400 held-out rows)")
     r.add_argument("--validation-fraction", type=float, default=RECOMMENDED_FRACTION)
     r.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="fits averaged per cell: a positive integer or auto (default, the estimator's rule)")

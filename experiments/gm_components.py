@@ -26,7 +26,11 @@ import alacarte as ac  # noqa: E402
 from alacarte.bench.settings import package_version, parse_splits  # noqa: E402
 from alacarte.factory import draws_for_features  # noqa: E402
 from _jsonl_rows import append_row, read_rows  # noqa: E402
-from calibration import cell_model, fit_draws  # noqa: E402
+from _csv_rows import append_row as append_csv_row  # noqa: E402
+from _csv_rows import read_rows as read_csv_rows  # noqa: E402
+from alacarte.factory import AUTO_COMPONENT_ROWS, AUTO_COMPONENTS  # noqa: E402
+from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
+from calibration import FIELDS, _last_rows, cell_model, fit_draws  # noqa: E402
 
 
 def fit_cell(data, split: int, method: str, components: int, num_samples: int) -> dict:
@@ -89,7 +93,58 @@ def report(args) -> str:
     if changes:
         lines += ["", f"The held-out score chose the Q with the lower test NLPD on {right} of {len(changes)} splits; "
                   f"mean NLPD change against Q = {max(qs)}: {statistics.mean(changes):+.3f}."]
+    if args.reference:
+        lines += ["", *against_exact(cells, qs, _last_rows(args.reference, "auto", "0.0"))]
     return "\n".join(lines)
+
+
+def against_exact(cells: dict, qs: list[int], reference: dict) -> list[str]:
+    """Per kernel and dataset, over the splits both Q and exact ARD have: mean test NLPD of Q = max(qs), of the
+    held-out rule's choice, and of exact ARD, with the counts the issue's goals ask (≤ exact, within +0.10)."""
+    lines = ["Against exact ARD on the same splits (mean test NLPD; exact ARD from the calibration CSVs given):", "",
+             f"| kernel | dataset | splits | exact ARD | Q = {max(qs)} | chosen Q | chosen − exact |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    counts: dict[str, list[int]] = {}
+    for method, dataset in sorted({(m, d) for m, d, _ in cells}):
+        splits = [sp for (m, d, sp), by_q in sorted(cells.items()) if (m, d) == (method, dataset)
+                  and set(by_q) == set(qs) and (dataset, sp, "exact-ard") in reference]
+        if not splits:
+            continue
+        by_split = [cells[(method, dataset, sp)] for sp in splits]
+        exact = statistics.mean(float(reference[(dataset, sp, "exact-ard")]["nlpd"]) for sp in splits)
+        fixed = statistics.mean(by_q[max(qs)]["nlpd"] for by_q in by_split)
+        chosen = statistics.mean(min(by_q.values(), key=lambda r: r["held_out"])["nlpd"] for by_q in by_split)
+        tally = counts.setdefault(method, [0, 0, 0, 0, 0])
+        tally[:] = [tally[0] + 1, tally[1] + (fixed <= exact), tally[2] + (chosen <= exact),
+                    tally[3] + (fixed <= exact + 0.10), tally[4] + (chosen <= exact + 0.10)]
+        lines.append(f"| {method} | {dataset} | {len(splits)} | {exact:.3f} | {fixed:.3f} | {chosen:.3f} | "
+                     f"{chosen - exact:+.3f} |")
+    for method, (total, fixed_le, chosen_le, fixed_in, chosen_in) in counts.items():
+        lines += ["", f"{method}: NLPD ≤ exact ARD's on {fixed_le} of {total} datasets at Q = {max(qs)}, {chosen_le} with "
+                  f"the chosen Q; within +0.10 on {fixed_in} and {chosen_in}."]
+    return lines
+
+
+def rows(args) -> None:
+    """The cells where the estimator's rule chooses (one draw: n > 2·D, so at least 400 held-out rows at D =
+    1 024), the chosen Q's scores written as ``calibration.py`` rows, for its report to read last."""
+    n_train = {r["dataset"]: int(r["n_train"]) for path in args.reference for r in read_csv_rows(path)}
+    cells: dict[tuple, dict[int, dict]] = {}
+    for path in args.jsonl:
+        for r in read_rows(path):
+            cells.setdefault((r.get("method", "gm"), r["dataset"], r["split"]), {})[r["components"]] = r
+    for (method, dataset, split), by_q in sorted(cells.items()):
+        n = n_train[dataset]
+        if set(by_q) != set(AUTO_COMPONENTS) or held_out_count(n, RECOMMENDED_FRACTION) < AUTO_COMPONENT_ROWS:
+            continue
+        q = min(by_q, key=lambda c: by_q[c]["held_out"])
+        r = by_q[q]
+        append_csv_row(args.csv, FIELDS, {
+            "dataset": dataset, "split": split, "method": method, "validation_fraction": RECOMMENDED_FRACTION,
+            "num_features": 2 * args.num_samples, "n_train": n, "noise": "", "held_out_rows": "",
+            **{k: r[k] for k in ("rmse", "nlpd", "coverage50", "coverage95", "std_over_rmse", "iterations",
+                                 "num_draws", "version")},
+            "seconds": round(sum(by_q[c]["cpu_s"] for c in by_q), 1), "num_components": q})
 
 
 def main(argv=None) -> None:
@@ -105,9 +160,17 @@ def main(argv=None) -> None:
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
     p = sub.add_parser("report")
     p.add_argument("jsonl", nargs="+")
+    p.add_argument("--reference", nargs="+", help="calibration.py CSVs with the exact ARD rows (later files win)")
+    w = sub.add_parser("rows", help="the cells the estimator's rule chooses in, as calibration.py rows")
+    w.add_argument("jsonl", nargs="+")
+    w.add_argument("--csv", required=True, help="the calibration.py CSV to append to")
+    w.add_argument("--reference", nargs="+", required=True, help="calibration.py CSVs that give each n_train")
+    w.add_argument("--num-samples", type=int, default=512)
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)
+    elif args.command == "rows":
+        rows(args)
     else:
         print(report(args))
 

@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     r.add_argument("--parameterisations", nargs="+", choices=sorted(CONSTRAINTS), default=["softplus", "log"])
     r.add_argument("--num-samples", type=int, default=512)
     r.add_argument("--num-components", default=str(SHIPPED_COMPONENTS),
-                   help=f"GM/PWL components: a number or auto (default {SHIPPED_COMPONENTS}, the shipped one)")
+                   help=f"GM/PWL components: a number or runner (the UCI runner's rule; default {SHIPPED_COMPONENTS})")
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
     p = sub.add_parser("report")
     p.add_argument("jsonl", nargs="+")

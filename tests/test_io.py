@@ -126,7 +126,7 @@ def test_every_draw_of_a_regressor_is_saved_and_a_file_missing_one_is_refused(tm
 
 
 def test_auto_components_reload_their_choice_and_scores_and_bad_scores_are_refused(tmp_path):
-    x, y = data()
+    x, y = data(n=2000)  # 400 rows held out: auto chooses
     reg = AlaCarteRegressor("gm", **{**SMALL, "num_components": "auto", "num_draws": 1}).fit(x, y)
     good = save_model(reg, tmp_path / "r.alacarte").read_bytes()
     loaded = load_model(tmp_path / "r.alacarte")

@@ -209,10 +209,11 @@ def test_several_draws_predict_their_equal_mixture(name):
 
 @pytest.mark.parametrize("name", ["gm", "pwl"])
 def test_auto_components_keep_the_fit_whose_held_out_rows_score_lower(name):
-    """num_components="auto": each draw fitted with 1 and with 4 components; the scores are the mean over
-    the draws of each fit's best held-out score, recomputed here from alacarte.fit on the same models and
-    seeds, and the estimator is, prediction for prediction, the one fitted with the lower-scoring number."""
-    x, y = data(n=120)
+    """num_components="auto" with 400 rows held out (2 000 rows): each draw fitted with 1 and with 4
+    components; the scores are the mean over the draws of each fit's best held-out score, recomputed here
+    from alacarte.fit on the same models and seeds, and the estimator is, prediction for prediction, the
+    one fitted with the lower-scoring number."""
+    x, y = data(n=2000)
     settings = {**SMALL, "num_draws": 2, "num_components": "auto"}
     reg = AlaCarteRegressor(name, **settings).fit(x, y)
     assert set(reg.component_scores_) == {1, 4}
@@ -232,15 +233,24 @@ def test_auto_components_keep_the_fit_whose_held_out_rows_score_lower(name):
     assert plain.num_components_ == chosen and plain.component_scores_ == {}
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"num_components": "two"}, "num_components must be a positive integer or 'auto'"),
-    ({"num_components": 0}, "num_components must be a positive integer"),
-    ({"num_components": "auto", "validation_fraction": 0}, "needs validation_fraction > 0"),
+@pytest.mark.parametrize("n, fraction", [(1995, "auto"), (2000, 0.19), (5000, 0)])
+def test_auto_components_below_400_held_out_rows_are_the_fit_with_four(n, fraction):
+    x, y = data(n=n)
+    settings = {**SMALL, "validation_fraction": fraction}
+    auto = AlaCarteRegressor("gm", **{**settings, "num_components": "auto"}).fit(x, y)
+    four = AlaCarteRegressor("gm", **{**settings, "num_components": 4}).fit(x, y)
+    assert auto.num_components_ == 4 and auto.component_scores_ == {}
+    assert np.array_equal(auto.predict(x[:7], return_std=True), four.predict(x[:7], return_std=True))
+
+
+@pytest.mark.parametrize("value, message", [
+    ("two", "num_components must be a positive integer or 'auto'"),
+    (0, "num_components must be a positive integer"),
 ])
-def test_num_components_other_than_a_count_or_auto_with_held_out_rows_is_a_clear_error(settings, message):
+def test_num_components_other_than_a_count_or_auto_is_a_clear_error(value, message):
     x, y = data(n=40)
     with pytest.raises(ValueError, match=message):
-        AlaCarteRegressor("gm", **{**SMALL, **settings}).fit(x, y)
+        AlaCarteRegressor("gm", **{**SMALL, "num_components": value}).fit(x, y)
 
 
 def test_relevance_is_the_kernels_or_inverse_lengthscales():
