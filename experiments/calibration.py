@@ -28,8 +28,8 @@ import math
 import sys
 import time
 import warnings
-from functools import partial
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
