@@ -28,7 +28,7 @@ from alacarte.factory import draws_for_features  # noqa: E402
 from _jsonl_rows import append_row, read_rows  # noqa: E402
 from _csv_rows import append_row as append_csv_row  # noqa: E402
 from _csv_rows import read_rows as read_csv_rows  # noqa: E402
-from alacarte.factory import AUTO_COMPONENT_ROWS, AUTO_COMPONENTS  # noqa: E402
+from alacarte.factory import component_candidates  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
 from calibration import FIELDS, _last_rows, cell_model, fit_draws  # noqa: E402
 
@@ -41,8 +41,8 @@ def fit_cell(data, split: int, method: str, components: int, num_samples: int) -
     held_out = statistics.mean(min(h.validation_loss) for h in histories)
     # The restarts' best held-out score: whether the short restarts alone would choose Q as well.
     restarts = statistics.mean(min(h.restart_losses) for h in histories)
-    return {**scores, "held_out": held_out, "restart_held_out": restarts, "num_draws": draws, "iterations": histories[0].iterations,
-            "cpu_s": round(time.process_time() - start, 1), "version": package_version()}
+    return {**scores, "held_out": held_out, "restart_held_out": restarts, "num_draws": draws,
+            "iterations": histories[0].iterations, "cpu_s": round(time.process_time() - start, 1), "version": package_version()}
 
 
 def run(args) -> None:
@@ -61,11 +61,17 @@ def run(args) -> None:
                       f"held-out {row['held_out']:.3f} ({row['cpu_s']} s)", flush=True)
 
 
-def report(args) -> str:
+def read_cells(paths) -> dict[tuple, dict[int, dict]]:
+    """The rows of ``paths`` by (kernel, dataset, split), then by number of components."""
     cells: dict[tuple, dict[int, dict]] = {}
-    for path in args.jsonl:
+    for path in paths:
         for r in read_rows(path):
             cells.setdefault((r.get("method", "gm"), r["dataset"], r["split"]), {})[r["components"]] = r
+    return cells
+
+
+def report(args) -> str:
+    cells = read_cells(args.jsonl)
     qs = sorted({q for by_q in cells.values() for q in by_q})
     lines = ["| kernel | dataset | split | " + " | ".join(f"Q = {q}: NLPD (held-out)" for q in qs)
              + f" | chosen Q | lower test NLPD | NLPD chosen − Q = {max(qs)} |",
@@ -98,12 +104,14 @@ def report(args) -> str:
     return "\n".join(lines)
 
 
-def estimators_choice(by_q: dict[int, dict], n_train: int) -> dict:
-    """The row of the Q ``AlaCarteRegressor(num_components="auto")`` keeps: the lower held-out score where
-    the fit holds out at least AUTO_COMPONENT_ROWS rows, else the last of AUTO_COMPONENTS."""
-    if held_out_count(n_train, RECOMMENDED_FRACTION) < AUTO_COMPONENT_ROWS:
-        return by_q[AUTO_COMPONENTS[-1]]
-    return min(by_q.values(), key=lambda r: r["held_out"])
+def estimators_candidates(method: str, n_train: int, num_samples: int = 512) -> tuple[int, ...]:
+    """The Q ``AlaCarteRegressor(num_components="auto")`` fits at the default held-out fraction."""
+    return component_candidates("auto", method, num_samples, held_out_count(n_train, RECOMMENDED_FRACTION))
+
+
+def estimators_choice(by_q: dict[int, dict], method: str, n_train: int) -> dict:
+    """The row of the Q the estimator keeps: of those it fits, the one with the lower held-out score."""
+    return min((by_q[q] for q in estimators_candidates(method, n_train)), key=lambda r: r["held_out"])
 
 
 def against_exact(cells: dict, qs: list[int], reference: dict) -> list[str]:
@@ -123,7 +131,7 @@ def against_exact(cells: dict, qs: list[int], reference: dict) -> list[str]:
         exact = statistics.mean(float(reference[(dataset, sp, "exact-ard")]["nlpd"]) for sp in splits)
         fixed = statistics.mean(by_q[max(qs)]["nlpd"] for by_q in by_split)
         n = int(reference[(dataset, splits[0], "exact-ard")]["n_train"])
-        chosen = statistics.mean(estimators_choice(by_q, n)["nlpd"] for by_q in by_split)
+        chosen = statistics.mean(estimators_choice(by_q, method, n)["nlpd"] for by_q in by_split)
         tally = counts.setdefault(method, [0, 0, 0, 0, 0])
         tally[:] = [tally[0] + 1, tally[1] + (fixed <= exact), tally[2] + (chosen <= exact),
                     tally[3] + (fixed <= exact + 0.10), tally[4] + (chosen <= exact + 0.10)]
@@ -139,16 +147,13 @@ def rows(args) -> None:
     """The cells where the estimator's rule chooses (one draw: n > 2·D, so at least 400 held-out rows at D =
     1 024), the chosen Q's scores written as ``calibration.py`` rows, for its report to read last."""
     n_train = {r["dataset"]: int(r["n_train"]) for path in args.reference for r in read_csv_rows(path)}
-    cells: dict[tuple, dict[int, dict]] = {}
-    for path in args.jsonl:
-        for r in read_rows(path):
-            cells.setdefault((r.get("method", "gm"), r["dataset"], r["split"]), {})[r["components"]] = r
-    for (method, dataset, split), by_q in sorted(cells.items()):
+    for (method, dataset, split), by_q in sorted(read_cells(args.jsonl).items()):
         n = n_train[dataset]
-        if set(by_q) != set(AUTO_COMPONENTS) or held_out_count(n, RECOMMENDED_FRACTION) < AUTO_COMPONENT_ROWS:
+        candidates = estimators_candidates(method, n, args.num_samples)
+        if len(candidates) < 2 or not set(candidates) <= set(by_q):
             continue
-        q = min(by_q, key=lambda c: by_q[c]["held_out"])
-        r = by_q[q]
+        r = estimators_choice(by_q, method, n)
+        q = r["components"]
         append_csv_row(args.csv, FIELDS, {
             "dataset": dataset, "split": split, "method": method, "validation_fraction": RECOMMENDED_FRACTION,
             "num_features": 2 * args.num_samples, "n_train": n, "noise": "", "held_out_rows": "",
