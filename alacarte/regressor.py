@@ -28,7 +28,7 @@ from .models import FeatureGP
 from .selection.evidence import SelectionFrequency, select_inputs, simplex_kernel
 from .training import FitHistory, current_loss, fit
 
-__all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score"]
+__all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score", "choose_components"]
 
 
 def _defaults(function) -> dict:
@@ -259,8 +259,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         """The draws fitted with each number of components in ``candidates``; those of the number whose
         held-out score is lowest are kept (``num_components_``, ``component_scores_``) and returned."""
         runs = {q: self._fit_draws(x, y, seeds, q, select) for q in candidates}
-        self.component_scores_ = {q: held_out_score(run[1]) for q, run in runs.items()} if len(runs) > 1 else {}
-        self.num_components_ = min(candidates, key=lambda q: self.component_scores_.get(q, 0.0))
+        self.num_components_, self.component_scores_ = choose_components({q: run[1] for q, run in runs.items()})
         return runs[self.num_components_]
 
     def _fit_draws(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], num_components: int,
@@ -380,6 +379,16 @@ def held_out_score(histories: list[FitHistory]) -> float:
     if not all(h.validation_loss for h in histories):
         raise ValueError("a fit without held-out rows scoring its iterates has no held-out score")
     return sum(min(h.validation_loss) for h in histories) / len(histories)
+
+
+def choose_components(histories: dict[int, list[FitHistory]]) -> tuple[int, dict[int, float]]:
+    """Of fits with several numbers of components (``{number: its draws' histories}``), the number whose
+    :func:`held_out_score` is lowest (the first on a tie) and each number's score; a single number is
+    chosen unscored (``{}``)."""
+    if len(histories) == 1:
+        return next(iter(histories)), {}
+    scores = {q: held_out_score(runs) for q, runs in histories.items()}
+    return min(scores, key=scores.__getitem__), scores
 
 
 def mixture_moments(means: torch.Tensor, variances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

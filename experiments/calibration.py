@@ -42,7 +42,7 @@ from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import mixture_components, model_name, package_version, parse_splits  # noqa: E402
 from alacarte.factory import component_candidates, draws_for_features, make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
-from alacarte.regressor import held_out_score, mixture_moments  # noqa: E402
+from alacarte.regressor import choose_components, mixture_moments  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from _draws import draws_setting, row_draws  # noqa: E402
 
@@ -95,7 +95,7 @@ def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> d
     for q in cell_components(method, n, args.num_components, args.num_samples, args.validation_fraction):
         fits[q] = fit_draws(data, split, draws, partial(cell_model, method, data, num_samples=args.num_samples,
                                                         num_components=q), validation_fraction=args.validation_fraction)
-    chosen = next(iter(fits)) if len(fits) == 1 else min(fits, key=lambda q: held_out_score(fits[q][2]))
+    chosen, _ = choose_components({q: fit[2] for q, fit in fits.items()})
     scores, models, histories = fits[chosen]
     seconds = time.perf_counter() - start
     return {"dataset": dataset, "split": split, "method": method,

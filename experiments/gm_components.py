@@ -24,12 +24,12 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
 from alacarte.bench.settings import package_version, parse_splits  # noqa: E402
-from alacarte.factory import draws_for_features  # noqa: E402
-from _jsonl_rows import append_row, read_rows  # noqa: E402
+from alacarte.factory import component_candidates, draws_for_features  # noqa: E402
+from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
+from alacarte.regressor import held_out_score  # noqa: E402
 from _csv_rows import append_row as append_csv_row  # noqa: E402
 from _csv_rows import read_rows as read_csv_rows  # noqa: E402
-from alacarte.factory import component_candidates  # noqa: E402
-from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
+from _jsonl_rows import append_row, read_rows  # noqa: E402
 from calibration import FIELDS, _last_rows, cell_model, fit_draws  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def fit_cell(data, split: int, method: str, components: int, num_samples: int) -
     start = time.process_time()
     scores, _, histories = fit_draws(data, split, draws, lambda seed: cell_model(method, data, seed, num_samples,
                                                                                components))
-    held_out = statistics.mean(min(h.validation_loss) for h in histories)
+    held_out = held_out_score(histories)
     # The restarts' best held-out score: whether the short restarts alone would choose Q as well.
     restarts = statistics.mean(min(h.restart_losses) for h in histories)
     return {**scores, "held_out": held_out, "restart_held_out": restarts, "num_draws": draws,

@@ -14,7 +14,8 @@ from sklearn.preprocessing import StandardScaler
 
 import alacarte as ac
 from alacarte import AlaCarteRegressor
-from alacarte.regressor import kernel_relevance
+from alacarte.regressor import choose_components, kernel_relevance
+from alacarte.training import FitHistory
 from alacarte.factory import KERNEL_NAMES, make_model
 from selection_cases import two_sines
 
@@ -231,6 +232,18 @@ def test_auto_components_keep_the_fit_whose_held_out_rows_score_lower(name):
     plain = AlaCarteRegressor(name, **{**settings, "num_components": chosen}).fit(x, y)
     assert np.array_equal(reg.predict(x[:7], return_std=True), plain.predict(x[:7], return_std=True))
     assert plain.num_components_ == chosen and plain.component_scores_ == {}
+
+
+def test_choose_components_keeps_the_lowest_mean_held_out_score():
+    """The mean over draws of each fit's best held-out score decides; a tie keeps the first number, a single
+    number is kept unscored, and a fit without held-out scores is refused."""
+    scored = lambda *best: [FitHistory(validation_loss=[b + 0.5, b, b + 0.1]) for b in best]
+    chosen, scores = choose_components({4: scored(0.2, 0.4), 1: scored(0.1, 0.6)})
+    assert chosen == 4 and scores == {4: pytest.approx(0.3), 1: pytest.approx(0.35)}
+    assert choose_components({1: scored(0.25), 4: scored(0.25)})[0] == 1
+    assert choose_components({4: [FitHistory()]}) == (4, {})
+    with pytest.raises(ValueError, match="held-out score"):
+        choose_components({1: scored(0.1), 4: [FitHistory()]})
 
 
 @pytest.mark.parametrize("n, fraction", [(1995, "auto"), (2000, 0.19), (5000, 0)])
