@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         "957b90f (input costs on the RBF kernel in closed form; one thread beside one or two other jobs) and "
         "`--problems se2` likewise, `--problems se1 --n 10000 --methods gp-simplex-exact --out "
         "experiments/results/selection_gp_exact_10k.csv` at 8a4b45d (replication 0, 47 minutes beside the CI "
-        "and another job) and replications 1–2 at cb5429a (the same selection code, 44–46 minutes each beside one "
+        "and another job) and replications 1–3 at cb5429a (the same selection code, 44–54 minutes each beside one "
         "to three other jobs, replication 1's including 11 minutes paused for a test run; stopped for time), "
         "`--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
