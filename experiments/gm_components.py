@@ -109,9 +109,10 @@ def estimators_candidates(method: str, n_train: int, num_samples: int = 512) -> 
     return component_candidates("auto", method, num_samples, held_out_count(n_train, RECOMMENDED_FRACTION))
 
 
-def estimators_choice(by_q: dict[int, dict], method: str, n_train: int) -> dict:
-    """The row of the Q the estimator keeps: of those it fits, the one with the lower held-out score."""
-    return min((by_q[q] for q in estimators_candidates(method, n_train)), key=lambda r: r["held_out"])
+def estimators_choice(by_q: dict[int, dict], candidates: tuple[int, ...]) -> dict:
+    """The row of the Q the estimator keeps: of the ``candidates`` it fits, the one with the lower held-out
+    score (the first on a tie)."""
+    return min((by_q[q] for q in candidates), key=lambda r: r["held_out"])
 
 
 def against_exact(cells: dict, qs: list[int], reference: dict) -> list[str]:
@@ -131,7 +132,8 @@ def against_exact(cells: dict, qs: list[int], reference: dict) -> list[str]:
         exact = statistics.mean(float(reference[(dataset, sp, "exact-ard")]["nlpd"]) for sp in splits)
         fixed = statistics.mean(by_q[max(qs)]["nlpd"] for by_q in by_split)
         n = int(reference[(dataset, splits[0], "exact-ard")]["n_train"])
-        chosen = statistics.mean(estimators_choice(by_q, method, n)["nlpd"] for by_q in by_split)
+        candidates = estimators_candidates(method, n)
+        chosen = statistics.mean(estimators_choice(by_q, candidates)["nlpd"] for by_q in by_split)
         tally = counts.setdefault(method, [0, 0, 0, 0, 0])
         tally[:] = [tally[0] + 1, tally[1] + (fixed <= exact), tally[2] + (chosen <= exact),
                     tally[3] + (fixed <= exact + 0.10), tally[4] + (chosen <= exact + 0.10)]
@@ -152,7 +154,7 @@ def rows(args) -> None:
         candidates = estimators_candidates(method, n, args.num_samples)
         if len(candidates) < 2 or not set(candidates) <= set(by_q):
             continue
-        r = estimators_choice(by_q, method, n)
+        r = estimators_choice(by_q, candidates)
         q = r["components"]
         append_csv_row(args.csv, FIELDS, {
             "dataset": dataset, "split": split, "method": method, "validation_fraction": RECOMMENDED_FRACTION,
