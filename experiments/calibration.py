@@ -13,7 +13,8 @@ killed run resumes.  ``--num-draws`` (default ``auto``, the estimator's) fits th
 with its own seed split + 1000·k as ``AlaCarteRegressor`` does, and scores their equal mixture's
 moment-matched Gaussian, which is what the estimator predicts.  GM and PWL get ``--num-components`` components: by default make_model's (the
 estimator's and the command line's), ``auto`` the benchmark runner's rule (2 below 600 training rows).
-``report`` averages over splits and compares each kernel with exact ARD on the splits both have; where
+``report`` averages over splits and compares each kernel at D = 2·``--num-samples`` (default 1024) with exact ARD
+on the splits both have; where
 several CSVs hold the same cell, the last one given wins (and any CSV over ``--feature-draws``).  It reports the rows fitted with
 ``--num-draws`` draws (default ``auto``: those the estimator's default would fit; rows without the
 column are one draw's); ``--feature-draws`` adds ``feature_draws.py``'s JSON lines, the same fits.  ``--paper-protocol`` adds the NLPD and RMSE that the UCI
@@ -171,6 +172,8 @@ def report(args) -> str:
     # The feature-draw lines first: a CSV row of the same cell is a later re-run of it.
     rows = [r for path in args.feature_draws or [] for r in _feature_draw_rows(path, n_train)] + rows
     rows = list({_key(r): r for r in _counted(rows, args.num_draws)}.values())  # later files win
+    # Feature kernels at one D; exact ARD, the reference, is exact or its D = 1024 expansion whatever D is asked.
+    rows = [r for r in rows if r["method"].startswith("exact") or int(r["num_features"]) == 2 * args.num_samples]
     cells = defaultdict(dict)  # (dataset, method) -> split -> metric -> value
     for r in rows:
         # The reference, exact ARD, by the marginal likelihood of all its rows.
@@ -319,7 +322,8 @@ def main(argv=None) -> None:
     p = sub.add_parser("report")
     p.add_argument("csv", nargs="+")
     p.add_argument("--protocol", default=str(RECOMMENDED_FRACTION))
-    p.add_argument("--num-samples", type=int, default=512)
+    p.add_argument("--num-samples", type=int, default=512,
+                   help="feature kernels' rows at D = 2·num_samples only, here and under --paper-protocol (default 512)")
     p.add_argument("--paper-protocol", nargs="*")
     p.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="report the rows with this many draws (default auto: the estimator's rule per cell)")

@@ -124,6 +124,29 @@ def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_
     assert "| ds [3] | 2.00 | 0.05 [1] |" in text
 
 
+def test_the_calibration_report_reads_the_feature_kernels_at_one_d_against_exact_ard_at_any(tmp_path):
+    """A later run at D = 512 must not replace the D = 1024 cells it shares splits with: each D is its own
+    report (--num-samples), and exact ARD (exact, or its D = 1024 expansion on large data) is every D's reference."""
+    import calibration
+
+    path = tmp_path / "cells.csv"
+    scores = dict(rmse=1.0, coverage50=0.5, coverage95=0.95, std_over_rmse=1.0)
+    cells = [("exact-ard", 0.0, 0, 0, [1.0, 1.0]), ("exact-ard", 0.0, 1024, 1, [3.0]),
+             ("gm", 0.2, 1024, 0, [1.5, 1.5]), ("gm", 0.2, 512, 0, [1.2]), ("gm", 0.2, 1024, 1, [3.5])]
+    for method, fraction, features, dataset, values in cells:
+        for split, nlpd in enumerate(values):
+            append_row(path, calibration.FIELDS, dict(dataset=f"ds{dataset}", split=split, method=method, nlpd=nlpd,
+                                                      num_features=features, validation_fraction=fraction, **scores))
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
+                              feature_draws=None)
+    assert "| ds0 [2] | 1.00 | 1.50 |" in calibration.report(args)
+    assert "| gm | 0/2 (+0.50) |" in calibration.report(args)
+    args.num_samples = 256
+    text = calibration.report(args)
+    assert "| ds0 [2] | 1.00 | 1.20 [1] |" in text and "| ds1 [1] | 3.00 | — |" in text
+    assert "| gm | 0/1 (+0.20) |" in text
+
+
 def test_the_calibration_report_lists_the_cells_above_a_tenth_with_their_standard_error(tmp_path):
     import calibration
 
