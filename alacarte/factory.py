@@ -157,7 +157,7 @@ def make_model(
     kernel: str | FeatureKernel,
     num_dims: int,
     *,
-    num_samples: int = 256,
+    num_samples: int = 512,
     num_components: int = 4,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,

@@ -87,7 +87,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             ``"exact-ard"``, ``"exact-rbf"`` (see :func:`alacarte.factory.make_model`) —
             or an alacarte :class:`~alacarte.FeatureKernel` object, which is
             copied, never modified.
-        num_samples: frequencies M of a named feature kernel (D = 2M features).
+        num_samples: frequencies M of a named feature kernel (D = 2M features; the default, D = 1 024, is
+            the D the calibration was measured at: docs/calibration.md).
         num_components: mixture components of ``"gm"`` / ``"pwl"`` (must divide ``num_samples``), or
             ``"auto"``: 4, and where the fit holds out at least
             :data:`~alacarte.factory.AUTO_COMPONENT_ROWS` (400) rows, every draw fitted with 1 and with 4,

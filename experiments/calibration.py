@@ -174,6 +174,8 @@ def report(args) -> str:
     rows = list({_key(r): r for r in _counted(rows, args.num_draws)}.values())  # later files win
     # Feature kernels at one D; exact ARD, the reference, is exact or its D = 1024 expansion whatever D is asked.
     rows = [r for r in rows if r["method"].startswith("exact") or int(r["num_features"]) == 2 * args.num_samples]
+    if args.splits:
+        rows = [r for r in rows if int(r["split"]) in parse_splits(args.splits)]
     cells = defaultdict(dict)  # (dataset, method) -> split -> metric -> value
     for r in rows:
         # The reference, exact ARD, by the marginal likelihood of all its rows.
@@ -324,6 +326,7 @@ def main(argv=None) -> None:
     p.add_argument("--protocol", default=str(RECOMMENDED_FRACTION))
     p.add_argument("--num-samples", type=int, default=512,
                    help="feature kernels' rows at D = 2·num_samples only, here and under --paper-protocol (default 512)")
+    p.add_argument("--splits", default=None, help="only these splits, e.g. 0-2 (default: every split the CSVs hold)")
     p.add_argument("--paper-protocol", nargs="*")
     p.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="report the rows with this many draws (default auto: the estimator's rule per cell)")

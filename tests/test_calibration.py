@@ -77,7 +77,8 @@ def test_the_true_posterior_is_calibrated():
     assert 0.94 <= coverage95(mean, var, y_test) <= 0.96
 
 
-# The default kernel in the default run (about 60 s: five draws at n = 500); the others behind the slow marker.
+# The default kernel in the default run (about two minutes: five draws of D = 1 024 at n = 500); the others
+# behind the slow marker.
 @pytest.mark.parametrize("kernel", [k if k == "gm" else pytest.param(k, marks=pytest.mark.slow)
                                     for k in FEATURE_KERNELS])
 def test_every_kernel_is_calibrated_at_n_500(kernel):

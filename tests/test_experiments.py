@@ -118,7 +118,7 @@ def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_
     append_row(path, calibration.FIELDS, dict(dataset="ds", split=0, method="gm", validation_fraction=0.2, num_features=1024,
                                               nlpd=0.05, **scores))
     args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
-                              feature_draws=None)
+                              feature_draws=None, splits=None)
     text = calibration.report(args)
     assert "| gm | 1/1 (+0.05) | — | 0/0 | 0/0 | 0/1 |" in text  # against split 0's 0.0, not the three splits' mean
     assert "| ds [3] | 2.00 | 0.05 [1] |" in text
@@ -138,13 +138,15 @@ def test_the_calibration_report_reads_the_feature_kernels_at_one_d_against_exact
             append_row(path, calibration.FIELDS, dict(dataset=f"ds{dataset}", split=split, method=method, nlpd=nlpd,
                                                       num_features=features, validation_fraction=fraction, **scores))
     args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
-                              feature_draws=None)
+                              feature_draws=None, splits=None)
     assert "| ds0 [2] | 1.00 | 1.50 |" in calibration.report(args)
     assert "| gm | 0/2 (+0.50) |" in calibration.report(args)
     args.num_samples = 256
     text = calibration.report(args)
     assert "| ds0 [2] | 1.00 | 1.20 [1] |" in text and "| ds1 [1] | 3.00 | — |" in text
     assert "| gm | 0/1 (+0.20) |" in text
+    args.num_samples, args.splits = 512, "1"  # D = 1 024 on split 1 alone
+    assert "| ds0 [1] | 1.00 | 1.50 |" in calibration.report(args) and "| ds1 [" not in calibration.report(args)
 
 
 def test_the_calibration_report_lists_the_cells_above_a_tenth_with_their_standard_error(tmp_path):
@@ -158,7 +160,7 @@ def test_the_calibration_report_lists_the_cells_above_a_tenth_with_their_standar
             append_row(path, calibration.FIELDS, dict(dataset="ds", split=split, method=method, num_features=1024,
                                                       validation_fraction=fraction, nlpd=nlpd, **scores))
     args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
-                              feature_draws=None)
+                              feature_draws=None, splits=None)
     text = calibration.report(args)
     # differences 0.1, 0.3, 0.5: mean 0.3, standard deviation 0.2, over √3
     assert "| ds | gm | 3 | +0.30 | 0.12 |" in text
@@ -177,7 +179,7 @@ def test_the_calibration_report_takes_a_csv_rerun_over_a_feature_draw_line_of_th
     lines.write_text(json.dumps(dict(dataset="ds", split=0, method="gm", K=5,
                                      moment_matched=dict(nlpd=0.75, **scores))) + "\n")
     args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws="auto",
-                              feature_draws=[lines])
+                              feature_draws=[lines], splits=None)
     assert "| ds [1] | 0.00 | 0.25 |" in calibration.report(args)
 
 
