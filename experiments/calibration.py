@@ -175,7 +175,8 @@ def report(args) -> str:
     # Feature kernels at one D; exact ARD, the reference, is exact or its D = 1024 expansion whatever D is asked.
     rows = [r for r in rows if r["method"].startswith("exact") or int(r["num_features"]) == 2 * args.num_samples]
     if args.splits:
-        rows = [r for r in rows if int(r["split"]) in parse_splits(args.splits)]
+        wanted = set(parse_splits(args.splits))
+        rows = [r for r in rows if int(r["split"]) in wanted]
     cells = defaultdict(dict)  # (dataset, method) -> split -> metric -> value
     for r in rows:
         # The reference, exact ARD, by the marginal likelihood of all its rows.
