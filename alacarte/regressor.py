@@ -28,7 +28,8 @@ from .models import FeatureGP
 from .selection.evidence import SelectionFrequency, select_inputs, simplex_kernel
 from .training import FitHistory, current_loss, fit
 
-__all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score", "choose_components"]
+__all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score", "choose_components",
+           "lowest_score"]
 
 
 def _defaults(function) -> dict:
@@ -389,7 +390,13 @@ def choose_components(histories: dict[int, list[FitHistory]]) -> tuple[int, dict
     if len(histories) == 1:
         return next(iter(histories)), {}
     scores = {q: held_out_score(runs) for q, runs in histories.items()}
-    return min(scores, key=scores.__getitem__), scores
+    return lowest_score(scores), scores
+
+
+def lowest_score(scores: dict[int, float]) -> int:
+    """The number of components with the lowest held-out score, the first in order on a tie: the one rule
+    :func:`choose_components` and the experiments' re-scoring of stored fits apply."""
+    return min(scores, key=scores.__getitem__)
 
 
 def mixture_moments(means: torch.Tensor, variances: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,7 +26,7 @@ import alacarte as ac  # noqa: E402
 from alacarte.bench.settings import package_version, parse_splits  # noqa: E402
 from alacarte.factory import component_candidates, draws_for_features  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
-from alacarte.regressor import held_out_score  # noqa: E402
+from alacarte.regressor import held_out_score, lowest_score  # noqa: E402
 from _csv_rows import append_row as append_csv_row  # noqa: E402
 from _csv_rows import read_rows as read_csv_rows  # noqa: E402
 from _jsonl_rows import append_row, read_rows  # noqa: E402
@@ -111,8 +111,8 @@ def estimators_candidates(method: str, n_train: int, num_samples: int = 512) -> 
 
 def estimators_choice(by_q: dict[int, dict], candidates: tuple[int, ...]) -> dict:
     """The row of the Q the estimator keeps: of the ``candidates`` it fits, the one with the lower held-out
-    score (the first on a tie)."""
-    return min((by_q[q] for q in candidates), key=lambda r: r["held_out"])
+    score (the first on a tie), by the estimator's own rule."""
+    return by_q[lowest_score({q: by_q[q]["held_out"] for q in candidates})]
 
 
 def against_exact(cells: dict, qs: list[int], reference: dict) -> list[str]:

@@ -1,5 +1,5 @@
-"""The selection tests' shared problem: y = sin(2x₀) + cos(2x₁) + N(0, 0.1²) on standard-normal inputs,
-of which only the first two are used."""
+"""The selection tests' shared problem — y = sin(2x₀) + cos(2x₁) + N(0, 0.1²) on standard-normal inputs,
+of which only the first two are used — and an exhaustive reference for the simplex projection."""
 import numpy as np
 
 
@@ -12,3 +12,21 @@ def two_sines(rng: np.random.Generator, n: int, d: int) -> tuple[np.ndarray, np.
     """``n`` rows of ``d`` inputs and their noisy targets, drawn from ``rng`` (inputs first)."""
     x = rng.standard_normal((n, d))
     return x, two_sines_mean(x) + 0.1 * rng.standard_normal(n)
+
+
+def exhaustive_projection(v: np.ndarray, size: float) -> np.ndarray:
+    """argmin ‖w − v‖ over {w ≥ 0, Σw = size}, by trying every support set S (exact KKT solve).
+
+    On a support S the minimiser of ‖w − v‖² subject to Σ_S w = size is
+    w_S = v_S − (Σ_S v − size)/|S|; the answer is the closest of the feasible ones."""
+    d = v.size
+    best, best_dist = None, np.inf
+    for mask in range(1, 2**d):
+        support = np.array([(mask >> j) & 1 for j in range(d)], dtype=bool)
+        w = np.zeros(d)
+        w[support] = v[support] - (v[support].sum() - size) / support.sum()
+        if (w >= 0).all():
+            dist = np.sum((w - v) ** 2)
+            if dist < best_dist:
+                best, best_dist = w, dist
+    return best

@@ -483,3 +483,16 @@ def test_an_experiment_imports_the_library_of_its_own_checkout(script):
         if any(name.split(".")[0] in reaches for name in names):
             assert root_first, f"{script} imports {names} before putting its checkout's root on sys.path"
             return
+
+
+def test_stored_gm_component_fits_are_chosen_by_the_estimators_rule():
+    """gm_components re-scores stored Q = 1 / Q = 4 fits: its choice is choose_components' on the same held-out
+    scores, ties to the first candidate included."""
+    import gm_components
+    from alacarte.regressor import choose_components
+    from alacarte.training import FitHistory
+
+    for scores in ({1: 0.30, 4: 0.25}, {1: 0.20, 4: 0.25}, {1: 0.25, 4: 0.25}):
+        rows = {q: {"held_out": s, "nlpd": 10.0 * q} for q, s in scores.items()}
+        histories = {q: [FitHistory(validation_loss=[s + 1.0, s])] for q, s in scores.items()}
+        assert gm_components.estimators_choice(rows, (1, 4)) == rows[choose_components(histories)[0]]
