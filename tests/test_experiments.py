@@ -496,3 +496,21 @@ def test_stored_gm_component_fits_are_chosen_by_the_estimators_rule():
         rows = {q: {"held_out": s, "nlpd": 10.0 * q} for q, s in scores.items()}
         histories = {q: [FitHistory(validation_loss=[s + 1.0, s])] for q, s in scores.items()}
         assert gm_components.estimators_choice(rows, (1, 4)) == rows[choose_components(histories)[0]]
+
+
+def test_repeated_inputs_counts_repeats_and_their_targets():
+    """Four training rows at two repeated inputs (one pair agreeing, one not), one unique row; three test rows,
+    two of them at repeated inputs, one with a training target at its input."""
+    import numpy as np
+    from repeated_inputs import repeats
+
+    x_train = np.array([[0.0, 1.0], [0.0, 1.0], [2.0, 3.0], [2.0, 3.0], [5.0, 5.0]])
+    y_train = np.array([1.0, 1.0, 0.0, 2.0, 7.0])
+    x_test = np.array([[0.0, 1.0], [2.0, 3.0], [9.0, 9.0]])
+    shares = repeats(x_train, y_train, x_test, np.array([1.0, 5.0, 0.0]))
+    within = ((0.0 + 0.0) + (1.0 + 1.0)) / 2 / y_train.var()  # squared deviations from each input's mean, 2 dof
+    assert shares == pytest.approx({"train_repeated": 0.8, "test_repeating": 2 / 3, "same_target": 0.5,
+                                    "within": within})
+    unique = repeats(x_train[2:], np.array([0.0, 0.0, 1.0]), x_test[2:], np.array([0.0]))
+    assert unique["within"] == 0  # the repeated pair agrees
+    assert unique["test_repeating"] == 0 and np.isnan(unique["same_target"])
