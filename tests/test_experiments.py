@@ -514,3 +514,22 @@ def test_repeated_inputs_counts_repeats_and_their_targets():
     unique = repeats(x_train[2:], np.array([0.0, 0.0, 1.0]), x_test[2:], np.array([0.0]))
     assert unique["within"] == 0  # the repeated pair agrees
     assert unique["test_repeating"] == 0 and np.isnan(unique["same_target"])
+
+
+def test_the_replicate_noise_probe_pins_repeated_test_rows_to_their_group_mean():
+    """Distinct inputs with their mean targets and counts, σ² the pooled within-group variance (floored); a test
+    row at a training input gets ȳ_g and σ²(1 + 1/m_g), any other the fit's mean and variance plus σ²."""
+    import numpy as np
+    from replicate_noise import FLOOR, distinct_inputs, replicate_predictive
+
+    x = np.array([[0.0, 1.0], [2.0, 3.0], [0.0, 1.0], [0.0, 1.0], [5.0, 5.0]])
+    y = np.array([1.0, 4.0, 2.0, 3.0, 7.0])
+    index, x_g, y_g, m, sigma2 = distinct_inputs(x, y)
+    assert x_g.tolist() == [[0.0, 1.0], [2.0, 3.0], [5.0, 5.0]] and y_g.tolist() == [2.0, 4.0, 7.0]
+    assert m.tolist() == [3, 1, 1] and sigma2 == pytest.approx(2.0 / 2)  # (1 + 0 + 1) over 2 dof
+    assert distinct_inputs(x[:2], y[:2])[4] == pytest.approx(FLOOR * y[:2].var())  # no repeats: the floor
+    x_test = np.array([[5.0, 5.0], [9.0, 9.0], [0.0, 1.0]])
+    mean, var, repeat = replicate_predictive([0.5, 0.6, 0.7], [0.1, 0.2, 0.3], x_test, index, y_g, m, sigma2)
+    assert repeat.tolist() == [True, False, True]
+    assert mean.tolist() == [7.0, 0.6, 2.0]
+    assert var == pytest.approx([sigma2 * 2, 0.2 + sigma2, sigma2 * (1 + 1 / 3)])
