@@ -30,41 +30,51 @@ from alacarte.bench import parse_splits  # noqa: E402
 from alacarte.datasets.uci import list_uci  # noqa: E402
 
 
+def input_groups(x: np.ndarray) -> dict[bytes, list[int]]:
+    """The row indices of each distinct row of ``x`` (as float64), keyed by its bytes, in order of first appearance."""
+    groups: dict[bytes, list[int]] = defaultdict(list)
+    for i, row in enumerate(np.ascontiguousarray(x, dtype=np.float64)):
+        groups[row.tobytes()].append(i)
+    return groups
+
+
+def within_group_variance(y: np.ndarray, groups: dict[bytes, list[int]]) -> float:
+    """The pooled variance of ``y`` within the groups (NaN where no group has two rows)."""
+    within = sum(((y[rows] - y[rows].mean()) ** 2).sum() for rows in groups.values())
+    dof = sum(len(rows) - 1 for rows in groups.values())
+    return within / dof if dof else np.nan
+
+
 def repeats(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> dict:
     """One split's four shares (module docstring); ``same_target`` and ``within`` are NaN where there are
     no repeats to measure them on."""
-    groups: dict[bytes, list[int]] = defaultdict(list)
-    for i, row in enumerate(np.ascontiguousarray(x_train, dtype=np.float64)):
-        groups[row.tobytes()].append(i)
-    repeated = [rows for rows in groups.values() if len(rows) > 1]
+    groups = input_groups(x_train)
     hits, same = 0, 0
     for j, row in enumerate(np.ascontiguousarray(x_test, dtype=np.float64)):
         rows = groups.get(row.tobytes())
         if rows is not None:
             hits += 1
             same += bool(np.any(y_train[rows] == y_test[j]))
-    within = sum(((y_train[rows] - y_train[rows].mean()) ** 2).sum() for rows in repeated)
-    dof = sum(len(rows) - 1 for rows in repeated)
-    return {"train_repeated": sum(map(len, repeated)) / len(x_train), "test_repeating": hits / len(x_test),
-            "same_target": same / hits if hits else np.nan,
-            "within": within / dof / y_train.var() if dof else np.nan}
+    return {"train_repeated": sum(len(rows) for rows in groups.values() if len(rows) > 1) / len(x_train),
+            "test_repeating": hits / len(x_test), "same_target": same / hits if hits else np.nan,
+            "within": within_group_variance(y_train, groups) / y_train.var()}
 
 
 def table(names: list[str], splits: list[int], data_dir: str | None) -> str:
     lines = ["| dataset | n train | train rows repeated | test rows repeating | same target | within / total variance |",
              "|---|---:|---:|---:|---:|---:|"]
     for name in names:
-        per_split = []
+        per_split, sizes = [], []
         for split in splits:
             data = ac.load_uci(name, split, data_dir)
             per_split.append(repeats(*(np.asarray(a) for a in (data.x_train, data.y_train, data.x_test, data.y_test))))
+            sizes.append(len(data.x_train))
         mean = {k: np.nanmean([s[k] for s in per_split]) if any(np.isfinite(s[k]) for s in per_split) else np.nan
                 for k in per_split[0]}
-        n = len(ac.load_uci(name, splits[0], data_dir).x_train)
         cells = [f"{mean[k]:.2f}" if np.isfinite(mean[k]) else "–"
                  for k in ("train_repeated", "test_repeating", "same_target")]
         within = f"{mean['within']:.3f}" if np.isfinite(mean["within"]) else "–"
-        lines.append(f"| {name} | {n} | {' | '.join(cells)} | {within} |")
+        lines.append(f"| {name} | {sizes[0]} | {' | '.join(cells)} | {within} |")
     return "\n".join(lines)
 
 

@@ -18,16 +18,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import torch
 
 # This checkout's library before an installed one: a run from a snapshot runs the snapshot's code.
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 import alacarte as ac  # noqa: E402
-from alacarte.bench import parse_splits  # noqa: E402
+from alacarte.bench import parse_splits, predictive_scores  # noqa: E402
 from _jsonl_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
+from repeated_inputs import input_groups, within_group_variance  # noqa: E402
 
 FLOOR = 1e-4  # the noise constraint's lower bound on standardised targets
 
@@ -35,16 +36,13 @@ FLOOR = 1e-4  # the noise constraint's lower bound on standardised targets
 def distinct_inputs(x: np.ndarray, y: np.ndarray):
     """``(index, x_g, ȳ_g, m_g, σ²)``: each distinct row of ``x`` (``index`` maps its bytes to its position),
     its mean target and count, and the pooled within-group variance, floored at ``FLOOR·var(y)``."""
-    groups: dict[bytes, list[int]] = defaultdict(list)
-    for i, row in enumerate(np.ascontiguousarray(x, dtype=np.float64)):
-        groups[row.tobytes()].append(i)
+    groups = input_groups(x)
     rows = list(groups.values())
-    m = np.array([len(r) for r in rows])
-    within = sum(((y[r] - y[r].mean()) ** 2).sum() for r in rows)
-    dof = int((m - 1).sum())
-    sigma2 = max(within / dof if dof else 0.0, FLOOR * float(y.var()))
+    within = within_group_variance(y, groups)
+    sigma2 = max(0.0 if np.isnan(within) else within, FLOOR * float(y.var()))
     index = {key: g for g, key in enumerate(groups)}
-    return index, x[[r[0] for r in rows]], np.array([y[r].mean() for r in rows]), m, sigma2
+    y_mean, counts = np.array([y[r].mean() for r in rows]), np.array([len(r) for r in rows])
+    return index, x[[r[0] for r in rows]], y_mean, counts, sigma2
 
 
 def replicate_predictive(mean, var, x_test, index, y_mean, m, sigma2):
@@ -59,10 +57,6 @@ def replicate_predictive(mean, var, x_test, index, y_mean, m, sigma2):
     return mean, var, repeat
 
 
-def nlpd(mean, var, y) -> np.ndarray:
-    return 0.5 * (np.log(2 * np.pi * var) + (y - mean) ** 2 / var)
-
-
 def run_split(dataset: str, split: int, data_dir) -> dict:
     data = ac.load_uci(dataset, split, data_dir)
     x, y = np.asarray(data.x_train, dtype=np.float64), np.asarray(data.y_train, dtype=np.float64).ravel()
@@ -71,15 +65,18 @@ def run_split(dataset: str, split: int, data_dir) -> dict:
     reg = ac.AlaCarteRegressor("gm").fit(x_g, y_g)
     fit_mean, fit_std = reg.predict(x_test, return_std=True)
     mean, var, repeat = replicate_predictive(fit_mean, fit_std**2, x_test, index, y_g, m, sigma2)
-    scores, alone = nlpd(mean, var, y_test), nlpd(fit_mean, fit_std**2, y_test)
-    model = reg.models_[0]
+
+    def scores(mean, var, rows=slice(None)) -> dict:
+        return predictive_scores(*(torch.as_tensor(a[rows]) for a in (mean, var, y_test)))
+
+    probe, model = scores(mean, var), reg.models_[0]
     return {"dataset": dataset, "split": split, "n_distinct": len(y_g), "n_train": len(y), "sigma2": sigma2,
             "s": float(model.likelihood.noise.item() * model.target_scale**2),
-            "test_repeats": int(repeat.sum()), "n_test": len(y_test), "nlpd": float(scores.mean()),
-            "nlpd_repeats": float(scores[repeat].mean()) if repeat.any() else None,
-            "nlpd_new": float(scores[~repeat].mean()), "nlpd_distinct_fit_alone": float(alone.mean()),
-            "rmse": float(np.sqrt(np.mean((y_test - mean) ** 2))),
-            "coverage95": float(np.mean(np.abs(y_test - mean) <= 1.959963984540054 * np.sqrt(var)))}
+            "test_repeats": int(repeat.sum()), "n_test": len(y_test), "nlpd": probe["nlpd"],
+            "nlpd_repeats": scores(mean, var, repeat)["nlpd"] if repeat.any() else None,
+            "nlpd_new": scores(mean, var, ~repeat)["nlpd"],
+            "nlpd_distinct_fit_alone": scores(fit_mean, fit_std**2)["nlpd"],
+            "rmse": probe["rmse"], "coverage95": probe["coverage95"]}
 
 
 def report(rows: list[dict]) -> str:
