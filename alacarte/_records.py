@@ -317,7 +317,7 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
         return
     fitted = check_dict(record["fitted"], "record.fitted",
                         ("model", "n_features_in_", "n_iter_", "log_marginal_likelihood_", "history"),
-                        ("feature_names_in_", "more_models", "num_components_", "component_scores_"))
+                        ("feature_names_in_", "more_models", "num_components_", "component_scores_", "replicates_"))
     check_int(fitted["n_iter_"], "record.fitted.n_iter_")
     check_float(fitted["log_marginal_likelihood_"], "record.fitted.log_marginal_likelihood_")
     check_history(fitted["history"], "record.fitted.history")
@@ -338,8 +338,29 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
     check_list(fitted.get("component_scores_", []), "record.fitted.component_scores_",
                lambda v, f: (isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], float))
                or fail(f, f"expected a [components, score] pair, got {v!r:.80}"))
+    if "replicates_" in fitted:
+        check_replicates(fitted["replicates_"], "record.fitted.replicates_", width, len(more) + 1)
     if "feature_names_in_" in fitted:
         names = check_list(fitted["feature_names_in_"], "record.fitted.feature_names_in_",
                            lambda v, f: isinstance(v, str) or fail(f, f"expected a str, got {v!r:.80}"))
         if len(names) != width:
             fail("record.fitted.feature_names_in_", f"expected {width} names, got {len(names)}")
+
+
+def check_replicates(record: Any, field: str, width: int, draws: int) -> None:
+    """The distinct training inputs (G, width) with their mean targets and counts ≥ 1, and each draw's σ²/ν in (0, 1]."""
+    check_dict(record, field, ("inputs", "means", "counts", "shares"))
+    inputs = check_tensor(record["inputs"], f"{field}.inputs", dtypes=(torch.float64,))
+    if inputs.dim() != 2 or inputs.shape[1] != width:
+        fail(f"{field}.inputs", f"expected shape (G, {width}), got {tuple(inputs.shape)}")
+    check_values(inputs, f"{field}.inputs", finite=True)
+    check_values(check_tensor(record["means"], f"{field}.means", (len(inputs),), (torch.float64,)),
+                 f"{field}.means", finite=True)
+    counts = check_tensor(record["counts"], f"{field}.counts", (len(inputs),), (torch.int64,))
+    if not bool((counts >= 1).all()):
+        fail(f"{field}.counts", "holds a count below 1")
+    shares = check_list(record["shares"], f"{field}.shares",
+                        lambda v, f: isinstance(v, float) and 0 < v <= 1
+                        or fail(f, f"expected a number in (0, 1], got {v!r:.80}"))
+    if len(shares) != draws:
+        fail(f"{field}.shares", f"expected one per draw ({draws}), got {len(shares)}")

@@ -214,7 +214,7 @@ def _fit(args: argparse.Namespace) -> int:
     reg = AlaCarteRegressor(
         args.kernel, num_samples=args.num_samples, num_components=args.num_components, num_draws=args.num_draws,
         max_iter=args.max_iter, restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed,
-        progress=not args.quiet, validation_fraction=args.validation_fraction,
+        progress=not args.quiet, validation_fraction=args.validation_fraction, replicates=args.replicates,
     )
     start = time.perf_counter()
     reg.fit(x, y)
@@ -350,6 +350,9 @@ def _add_fit(commands, common) -> None:
                      help="share of the rows held out to stop the fit before it over-fits and to calibrate the "
                           f"predictive intervals (default {default['validation_fraction']}: 0.2 for feature "
                           "kernels, 0 for exact GPs; 0: the marginal likelihood of all rows, as in the paper)")
+    cmd.add_argument("--no-replicates", dest="replicates", action="store_false",
+                     help="predict at repeated training inputs with the fitted model alone, without a term per "
+                          "distinct input (default: with it, where inputs repeat)")
     cmd.set_defaults(run=_fit)
 
 

@@ -74,6 +74,7 @@ from .factory import default_dtype, floating_state
 from .kernels import FeatureKernel
 from .models import ExactRBFGP, FeatureGP
 from .regressor import AlaCarteRegressor
+from .replicates import Replicates
 from .training import FitHistory
 from .woodbury import WoodburyPosterior
 
@@ -327,6 +328,8 @@ def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
         }
         if more:
             record["fitted"]["more_models"] = more
+        if getattr(reg, "replicates_", None) is not None:
+            record["fitted"]["replicates_"] = {**vars(reg.replicates_), "shares": reg.replicate_shares_}
         if hasattr(reg, "feature_names_in_"):
             record["fitted"]["feature_names_in_"] = [str(n) for n in reg.feature_names_in_]
     return record
@@ -352,6 +355,9 @@ def _build_regressor(record: Any) -> AlaCarteRegressor:
         reg.component_scores_ = {q: score for q, score in fitted.get("component_scores_", [])}
         if "feature_names_in_" in fitted:
             reg.feature_names_in_ = np.asarray(fitted["feature_names_in_"], dtype=object)
+        reps = fitted.get("replicates_")
+        reg.replicates_ = None if reps is None else Replicates(reps["inputs"], reps["means"], reps["counts"])
+        reg.replicate_shares_ = None if reps is None else list(reps["shares"])
     return reg
 
 

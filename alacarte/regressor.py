@@ -24,7 +24,9 @@ from ._validation import (
 from .factory import KERNEL_NAMES, component_candidates, make_model, resolve_draws
 from .holdout import held_out_count, resolve_fraction
 from .kernels import FeatureKernel
+from ._standardized import Prediction
 from .models import FeatureGP
+from .replicates import Replicates
 from .selection.evidence import SelectionFrequency, select_inputs, simplex_kernel
 from .training import FitHistory, current_loss, fit
 
@@ -109,6 +111,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             over-fits and to calibrate the predictive variance (see :func:`alacarte.fit`);
             ``"auto"``: 0.2 for feature kernels, 0 for the exact GPs (docs/calibration.md); 0: the
             marginal likelihood of all rows alone, as in the À la carte paper.
+        replicates: where training inputs repeat, predict at them with a term per distinct input
+            (:mod:`alacarte.replicates`): a new row at a training input is predicted from that
+            input's own targets as well as from the function; ``False``: the fitted model alone.
+            Changes nothing where no input repeats or at new inputs.
         select: after each draw's fit, hold at exactly 0 the inputs the marginal likelihood does not
             need (:func:`alacarte.selection.select_inputs` at its defaults, given the fit's seed and
             ``validation_fraction``); ``kernel`` must be a simplex-ARD kernel (``simplex=True``).
@@ -138,13 +144,21 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         selection_frequency_: with ``select``, the share of the draws that kept each input.
         selected_: with ``select``, the inputs kept by at least 4 in 5 of the draws (every draw's,
             for one draw): :meth:`~alacarte.selection.SelectionFrequency.stable`.
+        replicates_: the training inputs' :class:`~alacarte.replicates.Replicates` where some input
+            repeats and ``replicates`` is on, else ``None``.
+        replicate_shares_: with ``replicates_``, each draw's σ²/ν: the share of its noise variance ν
+            that is a row's scatter about its input's mean response
+            (:meth:`~alacarte.replicates.Replicates.choose_share`); 1 where the repeats show no term per input.
 
     **Predictive spread.** ``predict(X, return_std=True)`` returns the standard
     deviation of a new *observation* :math:`y_* = f_* + \varepsilon` by default —
     what :class:`sklearn.gaussian_process.GaussianProcessRegressor` returns when
     the noise is modelled by a ``WhiteKernel``, and what the noise-learning GP
     here calls the predictive distribution; ``include_noise=False`` gives that of
-    the latent function :math:`f_*`.  :meth:`sample_y` draws latent functions;
+    the latent function :math:`f_*` — at a repeated training input, of the mean
+    response there, :math:`f_* + h_*` (``replicates``); with ``return_cov`` the
+    rows at training inputs keep the model's correlations.  :meth:`sample_y` draws latent functions
+    :math:`f` (without the per-input terms);
     ``score(X, y)`` is the coefficient of determination R² of the mean.
 
     Check-estimator exceptions: none — every check of
@@ -177,6 +191,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         restart_iter: int = _FIT["restart_iter"],
         optimizer: str = _FIT["optimizer"],
         validation_fraction: float | str = _FIT["validation_fraction"],
+        replicates: bool = True,
         select: bool = False,
         random_state: int | np.random.RandomState | None = _FIT["seed"],
         progress: bool = False,
@@ -190,6 +205,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.restart_iter = restart_iter
         self.optimizer = optimizer
         self.validation_fraction = validation_fraction
+        self.replicates = replicates
         self.select = select
         self.random_state = random_state
         self.progress = progress
@@ -228,6 +244,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         y = float64_targets(y)
         seed = _as_seed(self.random_state)
         select = check_bool(self.select, "select")
+        replicates = check_bool(self.replicates, "replicates")
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
         one_fit = component_candidates(self.num_components, self.kernel, self.num_samples)
         first = self._build_model(X.shape[1], seed, one_fit[0])
@@ -254,6 +271,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.log_marginal_likelihood_ = float(-loss * n - n * math.log(float(model.target_scale)))
         self.n_iter_ = self.history_.iterations
         self.model_, self.models_ = model, models
+        self.replicates_ = Replicates.of(X, y) if replicates else None
+        self.replicate_shares_ = None if self.replicates_ is None else [
+            self.replicates_.choose_share(X, y, m.predict(self.replicates_.inputs)) for m in models]
         return self
 
     def _fit_components(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], candidates: tuple[int, ...],
@@ -311,9 +331,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         x = self._test_inputs(X)
         if return_cov:
             return self._mean_and_covariance(x, include_noise)
+        at = self._at_training_inputs(x)
         means, variances = [], []
-        for model in self.models_:
-            pred = model.predict(x, mean_only=not return_std)
+        for k, model in enumerate(self.models_):
+            pred = self._prediction(k, x, at, mean_only=not return_std)
             means.append(pred.mean)
             if return_std:
                 variances.append((pred.observed_variance if include_noise else pred.variance).clamp_min(0))
@@ -323,14 +344,61 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         mean, variance = mixture_moments(means, torch.stack(variances))
         return mean.numpy(), variance.sqrt().numpy()
 
+    def _at_training_inputs(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The rows of x at a repeated-input model's training inputs (a mask), or ``None`` for none."""
+        reps = getattr(self, "replicates_", None)
+        if reps is None:
+            return None
+        at = reps.match(x) >= 0
+        return at if bool(at.any()) else None
+
+    def _prediction(self, k: int, x: torch.Tensor, at: torch.Tensor | None, mean_only: bool) -> Prediction:
+        """Draw k's prediction at x, the rows ``at`` training inputs by the model with replicates."""
+        model = self.models_[k]
+        pred = model.predict(x, mean_only=mean_only)
+        if at is None:
+            return pred
+        # Those rows need their variances even for the mean alone.
+        spread = model.predict(x[at]) if mean_only else Prediction(*(t[at] for t in pred))
+        there = self.replicates_.predictive(x[at], spread, self.replicate_shares_[k])
+        mean = pred.mean.clone()
+        mean[at] = there.mean
+        if mean_only:
+            return pred._replace(mean=mean)
+        latent, observed = pred.variance.clone(), pred.observed_variance.clone()
+        latent[at], observed[at] = there.variance, there.observed_variance
+        return Prediction(mean, latent, observed)
+
     def _mean_and_covariance(self, x: torch.Tensor, include_noise: bool) -> tuple[np.ndarray, np.ndarray]:
         """The predictive mean and covariance at x, of the draws' equal mixture."""
-        pairs = [_model_mean_and_covariance(model, x, include_noise) for model in self.models_]
+        at = self._at_training_inputs(x)
+        pairs = [self._model_mean_and_covariance(k, x, at, include_noise) for k in range(len(self.models_))]
         means = torch.stack([m for m, _ in pairs])
         mean = means.mean(0)
         centred = means - mean
         cov = torch.stack([c for _, c in pairs]).mean(0) + centred.transpose(0, 1) @ centred / len(pairs)
         return mean.numpy(), cov.numpy()
+
+    def _model_mean_and_covariance(self, k: int, x: torch.Tensor, at: torch.Tensor | None,
+                                   include_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw k's mean and covariance at x; the rows ``at`` training inputs take the model with
+        replicates' mean and variances and keep the model's correlations."""
+        model = self.models_[k]
+        mean, cov = _latent_mean_and_covariance(model, x)
+        observed = torch.full_like(mean, float(model.likelihood.noise.detach().reshape(()) * model.target_scale**2))
+        if at is not None:
+            latent = cov.diagonal().clone()
+            there = self.replicates_.predictive(x[at], Prediction(mean[at], latent[at], latent[at] + observed[at]),
+                                                self.replicate_shares_[k])
+            ratio = torch.ones_like(mean)
+            ratio[at] = (there.variance / latent[at].clamp_min(torch.finfo(mean.dtype).tiny)).sqrt()
+            mean, cov = mean.clone(), cov * ratio.unsqueeze(0) * ratio.unsqueeze(1)
+            mean[at] = there.mean
+            cov.diagonal()[at] = there.variance
+            observed[at] = there.observed_variance - there.variance
+        if include_noise:
+            cov = cov + torch.diag(observed)
+        return mean, cov
 
     def sample_y(self, X, n_samples: int = 1, random_state: int | np.random.RandomState | None = 0) -> np.ndarray:
         """Posterior draws of the latent function f at X, shape (m, n_samples).
@@ -407,8 +475,8 @@ def mixture_moments(means: torch.Tensor, variances: torch.Tensor) -> tuple[torch
 
 
 @torch.no_grad()
-def _model_mean_and_covariance(model, x: torch.Tensor, include_noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One model's predictive mean and covariance at x, in the targets' units."""
+def _latent_mean_and_covariance(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One model's posterior mean and covariance of the latent function at x, in the targets' units."""
     model.eval()
     # debug off: GPyTorch warns when test inputs equal the training inputs, a legitimate query here.
     with model.inference_settings(), gpytorch.settings.debug(False):
@@ -417,9 +485,6 @@ def _model_mean_and_covariance(model, x: torch.Tensor, include_noise: bool) -> t
         cov = posterior.covariance_matrix * model.target_scale**2
     model.refuse_overflowed_rows(mean)
     model.refuse_overflowed_rows(cov.diagonal(dim1=-2, dim2=-1))
-    if include_noise:
-        noise = model.likelihood.noise.reshape(()) * model.target_scale**2
-        cov = cov + noise * torch.eye(cov.shape[-1], dtype=cov.dtype)
     return mean, cov
 
 
@@ -430,7 +495,7 @@ def _posterior_draws(model, x: torch.Tensor, count: int, seed: int) -> np.ndarra
     seed %= 2**64
     if isinstance(model, FeatureGP):
         return model.sample_functions(count, seed=seed)(x).T.numpy()
-    mean, cov = (t.numpy() for t in _model_mean_and_covariance(model, x, include_noise=False))
+    mean, cov = (t.numpy() for t in _latent_mean_and_covariance(model, x))
     # Drawn in the standardised units: numpy's positive-semidefinite check has an absolute
     # tolerance (1e-8), which round-off in a covariance of targets in large units exceeds.
     scale = float(model.target_scale)

@@ -44,6 +44,7 @@ from alacarte.bench.settings import mixture_components, model_name, package_vers
 from alacarte.factory import component_candidates, draws_for_features, make_model  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
 from alacarte.regressor import choose_components, mixture_moments  # noqa: E402
+from alacarte.replicates import Replicates  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from _draws import draws_setting, row_draws  # noqa: E402
 
@@ -69,11 +70,13 @@ def cell_components(method: str, n: int, setting: str | int, num_samples: int, f
     return component_candidates("auto", method, num_samples, held_out_count(n, fraction))
 
 
-def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, list, list]:
+def fit_draws(data, split: int, draws: int, build, replicates: bool = True, **settings) -> tuple[dict, list, list]:
     """Fit ``draws`` models ``build(seed)`` on the training rows with ``alacarte.fit`` (``settings`` passed on)
     and the seeds ``AlaCarteRegressor(random_state=split)`` gives its draws; returns the test scores of
-    their equal mixture's moment-matched Gaussian, which is what the estimator predicts, the fitted models
+    their equal mixture's moment-matched Gaussian, which is what the estimator predicts (test rows at a
+    repeated training input by the model with replicates, unless ``replicates`` is off), the fitted models
     and their histories."""
+    reps = Replicates.of(data.x_train, data.y_train) if replicates else None
     means, variances, models, histories = [], [], [], []
     for k in range(draws):
         seed = split + 1000 * k
@@ -82,6 +85,9 @@ def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, li
             warnings.simplefilter("ignore")
             histories.append(ac.fit(model, data.x_train, data.y_train, seed=seed, progress=False, **settings))
         pred = model.predict(data.x_test)
+        if reps is not None:
+            share = reps.choose_share(data.x_train, data.y_train, model.predict(reps.inputs))
+            pred = reps.predictive(data.x_test, pred, share)
         means.append(pred.mean)
         variances.append(pred.observed_variance)
         models.append(model)
@@ -90,21 +96,34 @@ def fit_draws(data, split: int, draws: int, build, **settings) -> tuple[dict, li
 
 
 def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> dict:
+    """The row of one cell; with ``--alone-csv`` the same fits' scores without replicates are written there."""
     n = data.x_train.shape[0]
     start = time.perf_counter()
     fits = {}
     for q in cell_components(method, n, args.num_components, args.num_samples, args.validation_fraction):
         fits[q] = fit_draws(data, split, draws, partial(cell_model, method, data, num_samples=args.num_samples,
-                                                        num_components=q), validation_fraction=args.validation_fraction)
+                                                        num_components=q), replicates=args.replicates,
+                             validation_fraction=args.validation_fraction)
     chosen, _ = choose_components({q: fit[2] for q, fit in fits.items()})
     scores, models, histories = fits[chosen]
     seconds = time.perf_counter() - start
-    return {"dataset": dataset, "split": split, "method": method,
-            "validation_fraction": args.validation_fraction,
-            "num_features": 0 if method.startswith("exact") else 2 * args.num_samples, "n_train": n, **scores,
-            "noise": float(models[0].likelihood.noise.detach().min()), "held_out_rows": histories[0].held_out_rows,
-            "iterations": histories[0].iterations, "seconds": round(seconds, 2), "version": package_version(),
-            "num_draws": draws, "num_components": chosen if method in ("gm", "pwl") else ""}
+    row = {"dataset": dataset, "split": split, "method": method,
+           "validation_fraction": args.validation_fraction,
+           "num_features": 0 if method.startswith("exact") else 2 * args.num_samples, "n_train": n, **scores,
+           "noise": float(models[0].likelihood.noise.detach().min()), "held_out_rows": histories[0].held_out_rows,
+           "iterations": histories[0].iterations, "seconds": round(seconds, 2), "version": package_version(),
+           "num_draws": draws, "num_components": chosen if method in ("gm", "pwl") else ""}
+    if args.alone_csv and args.replicates:
+        append_row(args.alone_csv, FIELDS, {**row, **alone_scores(models, data)})
+    return row
+
+
+def alone_scores(models, data) -> dict:
+    """The test scores of the fitted models' own predictions, without the term per repeated input."""
+    preds = [model.predict(data.x_test) for model in models]
+    mean, variance = mixture_moments(torch.stack([p.mean for p in preds]),
+                                     torch.stack([p.observed_variance for p in preds]))
+    return predictive_scores(mean, variance, torch.as_tensor(data.y_test))
 
 
 def _key(row: dict) -> tuple:
@@ -275,33 +294,36 @@ def excesses(cells, datasets, methods) -> list[str]:
 
 
 def _last_rows(paths, setting, protocol: str) -> dict:
-    """The rows of ``paths`` (later ones win) at ``protocol`` with the draws ``setting`` asks, by cell."""
+    """The rows of ``paths`` (later ones win) at ``protocol`` — exact GPs at 0, the reference — with the draws
+    ``setting`` asks, by cell."""
     rows = _counted([r for path in paths for r in read_rows(path)], setting)
-    return {(r["dataset"], int(r["split"]), r["method"]): r for r in rows if str(r["validation_fraction"]) == protocol}
+    return {(r["dataset"], int(r["split"]), r["method"]): r for r in rows
+            if str(r["validation_fraction"]) == ("0.0" if r["method"].startswith("exact") else protocol)}
 
 
 def compare(args) -> str:
     """Each cell of ``--after`` beside the same cell in the ``before`` CSVs: NLPD, RMSE and 95% coverage,
-    then per dataset the mean change over its cells."""
+    then per dataset and kernel their means over the splits both have."""
     before = _last_rows(args.before, args.num_draws, args.protocol)
     after = _last_rows([args.after], args.num_draws, args.protocol)
     shared = [key for key in after if key in before]
     out = ["| dataset | split | kernel | NLPD before → after | RMSE before → after | cov 95% before → after |",
            "|---|---:|---|---|---|---|"]
-    changes = defaultdict(list)
+    pairs = defaultdict(list)
     for key in sorted(shared):
         b, a = before[key], after[key]
-        changes[key[0]].append((float(a["nlpd"]) - float(b["nlpd"]), float(a["rmse"]) / float(b["rmse"])))
+        pairs[(key[0], key[2])].append((b, a))
         out.append(f"| {key[0]} | {key[1]} | {key[2]} | {float(b['nlpd']):.3f} → {float(a['nlpd']):.3f} | "
                    f"{float(b['rmse']):.4g} → {float(a['rmse']):.4g} | "
                    f"{float(b['coverage95']):.2f} → {float(a['coverage95']):.2f} |")
-    out += ["", "| dataset | cells | NLPD lower / within ±0.001 / higher | mean NLPD change | mean RMSE ratio |",
-            "|---|---:|---:|---:|---:|"]
-    for ds, pairs in changes.items():
-        nlpd = [d for d, _ in pairs]
-        lower, higher = sum(d < -1e-3 for d in nlpd), sum(d > 1e-3 for d in nlpd)
-        out.append(f"| {ds} | {len(pairs)} | {lower} / {len(nlpd) - lower - higher} / {higher} | "
-                   f"{_mean(nlpd):+.3f} | {_mean([r for _, r in pairs]):.3f} |")
+    out += ["", "| dataset | kernel | splits | mean NLPD before → after | mean RMSE ratio | mean cov 95% before → after |",
+            "|---|---|---:|---|---:|---|"]
+    for (ds, method), cell in pairs.items():
+        def mean(metric, i):
+            return _mean([float(p[i][metric]) for p in cell])
+        ratio = _mean([float(a["rmse"]) / float(b["rmse"]) for b, a in cell])
+        out.append(f"| {ds} | {method} | {len(cell)} | {mean('nlpd', 0):.3f} → {mean('nlpd', 1):.3f} | {ratio:.3f} | "
+                   f"{mean('coverage95', 0):.3f} → {mean('coverage95', 1):.3f} |")
     return "\n".join(out)
 
 
@@ -321,6 +343,10 @@ def main(argv=None) -> None:
     r.add_argument("--num-draws", type=draws_setting, default="auto",
                    help="fits averaged per cell: a positive integer or auto (default, the estimator's rule)")
     r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--no-replicates", dest="replicates", action="store_false",
+                   help="score the fitted models alone at repeated training inputs (default: with replicates, "
+                        "as the estimator)")
+    r.add_argument("--alone-csv", help="also write the same fits' scores without replicates here")
     r.add_argument("--data", default=None, help="the UCI folder (default: $ALACARTE_DATA)")
     p = sub.add_parser("report")
     p.add_argument("csv", nargs="+")

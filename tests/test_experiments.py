@@ -197,7 +197,7 @@ def test_the_calibration_comparison_pairs_each_rerun_cell_with_its_latest_earlie
     text = calibration.compare(argparse.Namespace(before=[before], after=after, num_draws=1, protocol="0.2"))
     assert "| ds | 0 | gm | 1.000 → 0.500 | 2 → 1 | 0.99 → 0.95 |" in text
     assert "| ds | 1 | gm |" not in text and "| ds | 2 | gm |" not in text
-    assert "| ds | 1 | 1 / 0 / 0 | -0.500 | 0.500 |" in text
+    assert "| ds | gm | 1 | 1.000 → 0.500 | 0.500 | 0.990 → 0.950 |" in text
 
 
 def test_the_calibration_mixture_of_draws_is_what_the_estimator_predicts(tmp_path):
@@ -210,12 +210,21 @@ def test_the_calibration_mixture_of_draws_is_what_the_estimator_predicts(tmp_pat
     rng = np.random.default_rng(0)
     x = rng.uniform(-2, 2, (80, 2))
     y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(80)
-    data = argparse.Namespace(x_train=x[:60], y_train=y[:60], x_test=x[60:], y_test=y[60:])
-    args = argparse.Namespace(num_samples=16, num_components="4", validation_fraction=0.2, num_draws="auto")
+    # Ten training rows repeated, and five test rows at training inputs: the replicates' predictions too.
+    x_train, y_train = np.vstack([x[:60], x[:10]]), np.r_[y[:60], y[:10] + 0.01 * rng.standard_normal(10)]
+    x_test, y_test = np.vstack([x[60:], x[:5]]), np.r_[y[60:], y[:5] + 0.01 * rng.standard_normal(5)]
+    data = argparse.Namespace(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
+    args = argparse.Namespace(num_samples=16, num_components="4", validation_fraction=0.2, num_draws="auto",
+                              replicates=True, alone_csv=str(tmp_path / "alone.csv"))
     row = calibration.run_cell(data, "toy", 1, "gm", 2, args)
-    reg = AlaCarteRegressor("gm", num_samples=16, num_draws=2, random_state=1, max_iter=100).fit(x[:60], y[:60])
-    mean, std = reg.predict(x[60:], return_std=True)
-    expected = predictive_scores(torch.as_tensor(mean), torch.as_tensor(std**2), torch.as_tensor(y[60:]))
+    reg = AlaCarteRegressor("gm", num_samples=16, num_draws=2, random_state=1, max_iter=100).fit(x_train, y_train)
+    mean, std = reg.predict(x_test, return_std=True)
+    expected = predictive_scores(torch.as_tensor(mean), torch.as_tensor(std**2), torch.as_tensor(y_test))
+    alone = reg.set_params(replicates=False).fit(x_train, y_train).predict(x_test, return_std=True)
+    (alone_row,) = calibration.read_rows(args.alone_csv)
+    assert float(alone_row["nlpd"]) == pytest.approx(predictive_scores(
+        torch.as_tensor(alone[0]), torch.as_tensor(alone[1] ** 2), torch.as_tensor(y_test))["nlpd"], rel=1e-9)
+    assert float(alone_row["nlpd"]) > row["nlpd"] + 0.1  # the repeated inputs' own targets help
     assert row["num_draws"] == 2
     assert row["nlpd"] == pytest.approx(expected["nlpd"], rel=1e-9)
     assert row["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)
