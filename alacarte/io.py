@@ -329,7 +329,9 @@ def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
         if more:
             record["fitted"]["more_models"] = more
         if getattr(reg, "replicates_", None) is not None:
-            record["fitted"]["replicates_"] = {**vars(reg.replicates_), "shares": reg.replicate_shares_}
+            reps = reg.replicates_
+            record["fitted"]["replicates_"] = {"inputs": reps.inputs, "means": reps.means, "counts": reps.counts,
+                                               "shares": reg.replicate_shares_}
         if hasattr(reg, "feature_names_in_"):
             record["fitted"]["feature_names_in_"] = [str(n) for n in reg.feature_names_in_]
     return record

@@ -271,9 +271,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.log_marginal_likelihood_ = float(-loss * n - n * math.log(float(model.target_scale)))
         self.n_iter_ = self.history_.iterations
         self.model_, self.models_ = model, models
-        self.replicates_ = Replicates.of(X, y) if replicates else None
-        self.replicate_shares_ = None if self.replicates_ is None else [
-            self.replicates_.choose_share(X, y, m.predict(self.replicates_.inputs)) for m in models]
+        reps = self.replicates_ = Replicates.of(X, y) if replicates else None
+        self.replicate_shares_ = None if reps is None else [
+            reps.choose_share(X, y, m.predict(reps.inputs[reps.repeated])) for m in models]
         return self
 
     def _fit_components(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], candidates: tuple[int, ...],

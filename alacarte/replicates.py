@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -79,6 +79,16 @@ class Replicates:
     inputs: Tensor
     means: Tensor
     counts: Tensor
+    # Each input's bytes to its index, built once: every prediction matches its rows against it.
+    _index: dict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_index", {key: g for g, key in enumerate(_row_keys(self.inputs.numpy()))})
+
+    @property
+    def repeated(self) -> Tensor:
+        """The indices of the inputs with at least two rows: where :meth:`choose_share` needs predictions."""
+        return torch.nonzero(self.counts >= 2).squeeze(1)
 
     @classmethod
     def of(cls, x, y) -> "Replicates | None":
@@ -102,8 +112,7 @@ class Replicates:
 
     def match(self, x) -> Tensor:
         """For each row of ``x`` (m, d), the index of the training input it equals, or −1."""
-        known = {key: g for g, key in enumerate(_row_keys(self.inputs.numpy()))}
-        return torch.tensor([known.get(key, -1) for key in _row_keys(_as_array(x))], dtype=torch.int64)
+        return torch.tensor([self._index.get(key, -1) for key in _row_keys(_as_array(x))], dtype=torch.int64)
 
     def _others(self, groups: Tensor, pred: Prediction) -> tuple[Tensor, Tensor, Tensor]:
         """At the inputs ``groups``: the precision and the precision × mean of the fitted posterior of
@@ -130,14 +139,16 @@ class Replicates:
 
         Args:
             x, y: the training rows the groups were made of.
-            pred: the fitted model's prediction at :attr:`inputs` (with its variances).
+            pred: the fitted model's prediction at ``inputs[repeated]`` (with its variances).
         """
         y = torch.as_tensor(_as_array(y))
         floor = FLOOR * float(y.var())
         groups = self.match(x)
         rows = self.counts[groups] >= 2
         groups, y = groups[rows], y[rows]
-        others, weighted, noise = self._others(groups, Prediction(*(t[groups] for t in pred)))
+        slot = torch.full_like(self.counts, -1)  # each repeated input's row of ``pred``
+        slot[self.repeated] = torch.arange(len(self.repeated))
+        others, weighted, noise = self._others(groups, Prediction(*(t[slot[groups]] for t in pred)))
         m = (self.counts[groups] - 1).to(y)
         ybar = (self.means[groups] * (m + 1) - y) / m  # the other rows' mean
 

@@ -86,7 +86,7 @@ def fit_draws(data, split: int, draws: int, build, replicates: bool = True, **se
             histories.append(ac.fit(model, data.x_train, data.y_train, seed=seed, progress=False, **settings))
         pred = model.predict(data.x_test)
         if reps is not None:
-            share = reps.choose_share(data.x_train, data.y_train, model.predict(reps.inputs))
+            share = reps.choose_share(data.x_train, data.y_train, model.predict(reps.inputs[reps.repeated]))
             pred = reps.predictive(data.x_test, pred, share)
         means.append(pred.mean)
         variances.append(pred.observed_variance)
