@@ -89,7 +89,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             ``"fastfood-ard"``, ``"fastfood-rbf"``, ``"ssgpr"``, ``"rks"``,
             ``"exact-ard"``, ``"exact-rbf"`` (see :func:`alacarte.factory.make_model`) —
             or an alacarte :class:`~alacarte.FeatureKernel` object, which is
-            copied, never modified.
+            copied, never modified: the first draw fits it as it is, every further draw
+            a copy whose random features are drawn from that draw's seed
+            (:meth:`~alacarte.FeatureKernel.redraw_`; FSGBARD and SSGPR learn their random
+            state, and every draw starts from the object's).
         num_samples: frequencies M of a named feature kernel (D = 2M features; the default, D = 1 024, is
             the D the calibration was measured at: docs/calibration.md).
         num_components: mixture components of ``"gm"`` / ``"pwl"`` (must divide ``num_samples``), or
@@ -211,10 +214,14 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.progress = progress
 
     # -- fitting ------------------------------------------------------------------------
-    def _build_model(self, num_dims: int, seed: int, num_components: int):
+    def _build_model(self, num_dims: int, seed: int, num_components: int, redraw: bool = False):
+        """The model of a draw from ``seed``; a kernel object is copied, and with ``redraw`` its random
+        buffers are those ``seed`` draws (a learned random state, FSGBARD's or SSGPR's, stays the object's)."""
         kernel = self.kernel
         if isinstance(kernel, FeatureKernel):
             kernel = copy.deepcopy(kernel)
+            if redraw and kernel.redrawable:
+                kernel.redraw_(seed)
         elif not isinstance(kernel, str) or kernel not in KERNEL_NAMES:
             raise ValueError(
                 f"kernel must be one of {', '.join(KERNEL_NAMES)} or an alacarte FeatureKernel, got {kernel!r}"
@@ -289,8 +296,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         """One fit per seed (its own feature draw, restarts and held-out rows), inputs selected after each
         with ``select``: the models, their histories and their selected sets."""
         models, histories, selections = [], [], []
-        for draw_seed in seeds:
-            models.append(self._build_model(x.shape[1], draw_seed, num_components))
+        for k, draw_seed in enumerate(seeds):
+            models.append(self._build_model(x.shape[1], draw_seed, num_components, redraw=k > 0))
             histories.append(fit(
                 models[-1], x, y, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
                 restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,

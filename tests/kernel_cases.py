@@ -197,6 +197,9 @@ class FeatureKernelTestCase(BaseKernelTestCase):
         self.assertTrue(torch.equal(kernel.features(x), own))
         with self.assertRaisesRegex(ValueError, "seed"), kernel.redrawn(None):
             pass
+        self.assertIs(kernel.redraw_(5), kernel)
+        self.assertTrue(torch.equal(kernel.features(x), fresh.features(x)))
+        self.assertEqual(kernel.seed, 5)
 
     # -- bad input ----------------------------------------------------------------------
     def test_rejects_bad_settings(self):

@@ -542,3 +542,21 @@ def test_the_replicate_noise_probe_pins_repeated_test_rows_to_their_group_mean()
     assert repeat.tolist() == [True, False, True]
     assert mean.tolist() == [7.0, 0.6, 2.0]
     assert var == pytest.approx([sigma2 * 2, 0.2 + sigma2, sigma2 * (1 + 1 / 3)])
+
+
+def test_the_selection_benchmark_scores_what_the_estimator_with_select_predicts(monkeypatch):
+    import numpy as np
+
+    import alacarte as ac
+
+    monkeypatch.setattr(selection_benchmark, "ESTIMATOR_SAMPLES", 8)
+    (train, val, test), _, seed = selection_benchmark.split("se1", 60, 0)
+    mean, selected, relevance, variance = selection_benchmark.run_method("gp-simplex-estimator", train, val, test, seed)
+    d = train[0].shape[1]
+    reg = ac.AlaCarteRegressor(ac.FSARDKernel(d, 8, ard_num_dims=d, simplex=True, seed=seed), select=True,
+                               random_state=seed).fit(*train)
+    expected_mean, expected_std = reg.predict(test[0], return_std=True)
+    np.testing.assert_array_equal(mean, expected_mean)
+    np.testing.assert_array_equal(variance, expected_std ** 2)
+    np.testing.assert_array_equal(selected, reg.selected_)
+    np.testing.assert_array_equal(relevance, reg.relevance_)

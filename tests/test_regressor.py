@@ -13,7 +13,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
 import alacarte as ac
-from alacarte import AlaCarteRegressor
+from alacarte import AlaCarteRegressor, FSARDKernel, FSGBARDKernel
 from alacarte.regressor import choose_components, kernel_relevance
 from alacarte.training import FitHistory
 from alacarte.factory import KERNEL_NAMES, make_model
@@ -206,6 +206,23 @@ def test_several_draws_predict_their_equal_mixture(name):
     assert np.allclose(reg.relevance_, by_draw.mean(0))
     with pytest.raises(ValueError, match="num_draws"):
         AlaCarteRegressor(name, **{**SMALL, "num_draws": 0}).fit(x, y)
+
+
+@pytest.mark.parametrize("kernel_class", [FSARDKernel, FSGBARDKernel])
+def test_draws_of_a_kernel_object_draw_their_own_features(kernel_class):
+    """A kernel object: the first draw fits it as it is; draw k fits the features of the same kernel
+    built with its seed (random_state + 1000·k), as a named kernel's draws do; a kernel whose random
+    state is learned (FSGBARD) starts every draw from the object's."""
+    x, y = data(n=40)
+    given = kernel_class(3, 16, ard_num_dims=3, seed=7)
+    reg = AlaCarteRegressor(given, **{**SMALL, "num_draws": 3, "random_state": 2}).fit(x, y)
+    drawn = {"perm", "sign", "gauss"} & set(dict(given.named_buffers()))
+    for k, model in enumerate(reg.models_):
+        source = given if k == 0 or not given.redrawable else kernel_class(3, 16, ard_num_dims=3, seed=2 + 1000 * k)
+        buffers = dict(model.covar_module.named_buffers())
+        assert all(torch.equal(buffers[name], getattr(source, name).to(buffers[name].dtype)) for name in {"perm"} | drawn)
+        assert model.covar_module.seed == source.seed
+    assert given.seed == 7 and not any(p.dtype == torch.float64 for p in given.parameters())  # left alone
 
 
 @pytest.mark.parametrize("name", ["gm", "pwl"])

@@ -268,19 +268,36 @@ class FeatureKernel(Kernel):
             >>> with kernel.redrawn(1):
             ...     phi = kernel.features(x)    # the directions of seed 1, kernel's radii
         """
-        if seed is None:
-            raise ValueError("redrawn needs an integer seed")
-        fresh = self._draw_buffers(check_seed(seed))
-        saved = {name: getattr(self, name).clone() for name in fresh}
+        saved = self._buffers_drawn(seed)
         try:
-            with torch.no_grad():
-                for name, value in fresh.items():
-                    getattr(self, name).copy_(value)
             yield self
         finally:
             with torch.no_grad():
                 for name, value in saved.items():
                     getattr(self, name).copy_(value)
+
+    def redraw_(self, seed: int) -> "FeatureKernel":
+        """Replace the kernel's random buffers (its directions and fixed radii) by those a kernel
+        built with ``seed`` draws, for good, and record ``seed`` as its seed; every learned
+        parameter is kept.  Returns the kernel.
+
+        Raises:
+            ValueError: as :meth:`redrawn`.
+        """
+        self._buffers_drawn(seed)
+        self.seed = seed
+        return self
+
+    def _buffers_drawn(self, seed: int) -> dict[str, Tensor]:
+        """Copy the draw of ``seed`` into the random buffers; returns their values before."""
+        if seed is None:
+            raise ValueError("a re-draw needs an integer seed")
+        fresh = self._draw_buffers(check_seed(seed))
+        before = {name: getattr(self, name).clone() for name in fresh}
+        with torch.no_grad():
+            for name, value in fresh.items():
+                getattr(self, name).copy_(value)
+        return before
 
     # -- lengthscales, plain or on the simplex ------------------------------------------
     @property
