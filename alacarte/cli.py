@@ -37,7 +37,8 @@ from tqdm.auto import tqdm
 
 from ._files import refuse_unwritable
 from ._validation import check_nonnegative_int, check_positive_int, check_seed
-from .factory import EXACT_GP_ROWS, KERNEL_NAMES, check_draws, component_candidates, exact_gp_cost
+from .factory import (EXACT_GP_ROWS, KERNEL_NAMES, SIMPLEX_KERNEL_NAMES, check_draws, check_simplex_name,
+                      component_candidates, exact_gp_cost)
 from .holdout import check_fraction
 from .kernels import FeatureKernel
 from .training import fit
@@ -200,6 +201,7 @@ def _fit(args: argparse.Namespace) -> int:
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")
     check_fraction(args.validation_fraction)
+    check_simplex_name(args.kernel, args.select, "--select")
     names, table = read_table(args.data)
     if args.target not in names:
         raise ValueError(f"{args.data} has no target column {args.target!r} (columns: {', '.join(names)})")
@@ -215,6 +217,7 @@ def _fit(args: argparse.Namespace) -> int:
         args.kernel, num_samples=args.num_samples, num_components=args.num_components, num_draws=args.num_draws,
         max_iter=args.max_iter, restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed,
         progress=not args.quiet, validation_fraction=args.validation_fraction, replicates=args.replicates,
+        select=args.select,
     )
     start = time.perf_counter()
     reg.fit(x, y)
@@ -231,6 +234,13 @@ def _fit(args: argparse.Namespace) -> int:
               "train_rmse": rmse, "iterations": reg.n_iter_, "seconds": seconds, "relevance": relevance}
     text = (f"fitted {args.kernel} on {len(y)} rows × {len(columns)} inputs in {seconds:.1f} s: "
             f"log marginal likelihood {reg.log_marginal_likelihood_:.6g}, training RMSE {rmse:.4g}\nsaved {out}")
+    if args.select:
+        result["selected"] = [columns[j] for j in reg.selected_]
+        result["selection_frequency"] = dict(zip(columns, reg.selection_frequency_.tolist()))
+        draws = len(reg.models_)
+        kept = f"kept by at least 4 in 5 of {draws} feature draws" if draws > 1 else "kept by the fit"
+        text += (f"\nselected {len(reg.selected_)} of {len(columns)} inputs ({kept}): "
+                 f"{', '.join(result['selected']) or 'none'}")
     _emit(args, result, text)
     return 0
 
@@ -353,6 +363,11 @@ def _add_fit(commands, common) -> None:
     cmd.add_argument("--no-replicates", dest="replicates", action="store_false",
                      help="predict at repeated training inputs with the fitted model alone, without a term per "
                           "distinct input (default: with it, where inputs repeat)")
+    cmd.add_argument("--select", action="store_true",
+                     help="variable selection: the kernel's inverse lengthscales on the simplex, and the inputs the "
+                          "marginal likelihood does not need held at exactly 0 after each draw's fit; reports the "
+                          f"inputs kept by at least 4 in 5 draws (kernels: {', '.join(SIMPLEX_KERNEL_NAMES)}; "
+                          "docs/variable_selection.md)")
     cmd.set_defaults(run=_fit)
 
 

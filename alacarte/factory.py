@@ -24,9 +24,9 @@ from .kernels import (
 from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
-__all__ = ["KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "AUTO_COMPONENTS",
+__all__ = ["KERNEL_NAMES", "SIMPLEX_KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "AUTO_COMPONENTS",
            "AUTO_COMPONENT_ROWS", "exact_gp_cost", "make_model", "resolve_draws", "draws_for_features", "check_draws",
-           "component_candidates", "default_dtype", "floating_state"]
+           "component_candidates", "check_simplex_name", "default_dtype", "floating_state"]
 
 #: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
 #: (the command line says so before it starts one).
@@ -53,6 +53,8 @@ _FEATURE_KERNELS: dict[str, tuple[type[FeatureKernel], Callable[[int, int], dict
 }
 #: Kernel names understood by :func:`make_model`, the estimator and the command line.
 KERNEL_NAMES = (*_FEATURE_KERNELS, "exact-ard", "exact-rbf")
+#: The named kernels with one lengthscale per input, which ``simplex=True`` puts on the simplex (variable selection).
+SIMPLEX_KERNEL_NAMES = tuple(name for name, (_, options) in _FEATURE_KERNELS.items() if "ard_num_dims" in options(1, 1))
 #: The feature kernel classes the names build, each once.
 FEATURE_KERNEL_CLASSES = tuple(dict.fromkeys(cls for cls, _ in _FEATURE_KERNELS.values()))
 
@@ -146,11 +148,19 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def _feature_kernel(name: str, d: int, num_samples: int, num_components: int, seed: int) -> FeatureKernel:
+def _feature_kernel(name: str, d: int, num_samples: int, num_components: int, seed: int,
+                    simplex: bool = False) -> FeatureKernel:
     if name not in _FEATURE_KERNELS:
         raise ValueError(f"unknown kernel {name!r}; choose one of {', '.join(KERNEL_NAMES)} or pass a FeatureKernel")
     cls, options = _FEATURE_KERNELS[name]
-    return cls(d, num_samples, seed=seed, **options(d, num_components))
+    return cls(d, num_samples, seed=seed, **options(d, num_components), **({"simplex": True} if simplex else {}))
+
+
+def check_simplex_name(kernel, simplex: bool, what: str = "simplex=True") -> None:
+    """Refuse ``simplex`` for anything but a name in :data:`SIMPLEX_KERNEL_NAMES` (``what`` names the setting)."""
+    if simplex and kernel not in SIMPLEX_KERNEL_NAMES:
+        raise ValueError(f"{what} needs an ARD kernel to put on the simplex: one of "
+                         f"{', '.join(SIMPLEX_KERNEL_NAMES)}, or a FeatureKernel built with simplex=True; got {kernel!r}")
 
 
 def make_model(
@@ -161,6 +171,7 @@ def make_model(
     num_components: int = 4,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
+    simplex: bool = False,
 ) -> FeatureGP | ExactRBFGP:
     """A fresh, untrained model for ``num_dims`` inputs.
 
@@ -191,6 +202,8 @@ def make_model(
         num_components: mixture components of ``"gm"`` and ``"pwl"`` (must divide ``num_samples``).
         seed: seed of a named kernel's random state.
         dtype: floating dtype of a named model's parameters and state.
+        simplex: the named kernel's inverse lengthscales on the scaled simplex (variable selection;
+            one of :data:`SIMPLEX_KERNEL_NAMES`; docs/variable_selection.md).
 
     Returns:
         A :class:`~alacarte.FeatureGP`, or for ``"exact-*"`` an :class:`~alacarte.ExactRBFGP`,
@@ -198,7 +211,8 @@ def make_model(
 
     Raises:
         ValueError: for an unknown name, a kernel object of another input dimension,
-            ``num_components`` that does not divide ``num_samples``, or another bad setting.
+            ``num_components`` that does not divide ``num_samples``, ``simplex`` for a kernel
+            object or a name without ARD lengthscales, or another bad setting.
 
     Example:
         >>> from alacarte.factory import make_model
@@ -210,6 +224,7 @@ def make_model(
     seed = check_seed(seed)  # here, not only in the feature kernels: an exact model draws nothing to check it
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    check_simplex_name(kernel, simplex)
     if isinstance(kernel, FeatureKernel):
         if kernel.num_dims != num_dims:
             raise ValueError(f"the kernel was built for {kernel.num_dims} input dimensions, the data have {num_dims}")
@@ -224,4 +239,4 @@ def make_model(
     with default_dtype(dtype):
         if kernel in ("exact-ard", "exact-rbf"):
             return ExactRBFGP(None, None, num_dims=num_dims, ard=kernel == "exact-ard")
-        return FeatureGP(None, None, _feature_kernel(kernel, num_dims, num_samples, num_components, seed))
+        return FeatureGP(None, None, _feature_kernel(kernel, num_dims, num_samples, num_components, seed, simplex))

@@ -73,7 +73,7 @@ from ._records import (
 from .factory import default_dtype, floating_state
 from .kernels import FeatureKernel
 from .models import ExactRBFGP, FeatureGP
-from .regressor import AlaCarteRegressor
+from .regressor import AlaCarteRegressor, selection_of
 from .replicates import Replicates
 from .training import FitHistory
 from .woodbury import WoodburyPosterior
@@ -360,6 +360,8 @@ def _build_regressor(record: Any) -> AlaCarteRegressor:
         reps = fitted.get("replicates_")
         reg.replicates_ = None if reps is None else Replicates(reps["inputs"], reps["means"], reps["counts"])
         reg.replicate_shares_ = None if reps is None else list(reps["shares"])
+        if params.get("select"):  # each draw's kernel holds its selection's zeros
+            reg.selection_frequency_, reg.selected_ = selection_of(reg.models_)
     return reg
 
 

@@ -21,7 +21,7 @@ from ._validation import (
     unfitted_on_failure,
     varying_columns,
 )
-from .factory import KERNEL_NAMES, component_candidates, make_model, resolve_draws
+from .factory import KERNEL_NAMES, check_simplex_name, component_candidates, make_model, resolve_draws
 from .holdout import held_out_count, resolve_fraction
 from .kernels import FeatureKernel
 from ._standardized import Prediction
@@ -120,7 +120,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             Changes nothing where no input repeats or at new inputs.
         select: after each draw's fit, hold at exactly 0 the inputs the marginal likelihood does not
             need (:func:`alacarte.selection.select_inputs` at its defaults, given the fit's seed and
-            ``validation_fraction``); ``kernel`` must be a simplex-ARD kernel (``simplex=True``).
+            ``validation_fraction``): a named ARD kernel (``"fsard"``, ``"fsgbard"``, ``"fastfood-ard"``,
+            ``"pwl"``, ``"rks"``) is built with its inverse lengthscales on the simplex; a kernel object
+            must have been built with ``simplex=True``.
         random_state: seed of the kernel's random state and of the restarts
             (an int, ``None`` or a ``numpy.random.RandomState``).
         progress: show a progress bar while fitting.
@@ -227,7 +229,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
                 f"kernel must be one of {', '.join(KERNEL_NAMES)} or an alacarte FeatureKernel, got {kernel!r}"
             )
         model = make_model(kernel, num_dims, num_samples=self.num_samples, num_components=num_components,
-                           seed=seed)
+                           seed=seed, simplex=self.select and isinstance(kernel, str))
         return model.double()
 
     @unfitted_on_failure
@@ -252,6 +254,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         seed = _as_seed(self.random_state)
         select = check_bool(self.select, "select")
         replicates = check_bool(self.replicates, "replicates")
+        if select and isinstance(self.kernel, str):
+            check_simplex_name(self.kernel, True, "select=True")
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
         one_fit = component_candidates(self.num_components, self.kernel, self.num_samples)
         first = self._build_model(X.shape[1], seed, one_fit[0])
@@ -259,20 +263,19 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             try:
                 simplex_kernel(first)
             except ValueError as error:
-                raise ValueError("select=True needs one simplex-ARD kernel: pass e.g. FSARDKernel(d, M, "
-                                 "ard_num_dims=d, simplex=True) as kernel") from error
+                raise ValueError("select=True needs one simplex-ARD kernel: a name such as 'fsard', or e.g. "
+                                 "FSARDKernel(d, M, ard_num_dims=d, simplex=True) as kernel") from error
         held_out = held_out_count(X.shape[0], resolve_fraction(self.validation_fraction, first, streamed=False))
         candidates = component_candidates(self.num_components, self.kernel, self.num_samples, held_out)
         draws = resolve_draws(self.num_draws, first, X.shape[0])
         seeds = [(seed + 1000 * draw) % 2**64 for draw in range(draws)]
-        models, histories, selections = self._fit_components(x_t, y_t, seeds, candidates, select)
+        models, histories = self._fit_components(x_t, y_t, seeds, candidates, select)
         model, self.history_ = models[0], histories[0]
         # −loss is log p(y_std)/n (+ log priors); the standardisation y = s·y_std + c has Jacobian sⁿ.
         n = X.shape[0]
         loss = self.history_.final_loss
         if select:
-            found = SelectionFrequency.of(selections, seeds, X.shape[1])
-            self.selection_frequency_, self.selected_ = found.frequency.numpy(), found.stable().numpy()
+            self.selection_frequency_, self.selected_ = selection_of(models)
             loss = current_loss(model, model.train_inputs[0], model.train_targets)  # of the selected model
             model.eval()
         self.log_marginal_likelihood_ = float(-loss * n - n * math.log(float(model.target_scale)))
@@ -284,7 +287,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         return self
 
     def _fit_components(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], candidates: tuple[int, ...],
-                        select: bool) -> tuple[list, list[FitHistory], list]:
+                        select: bool) -> tuple[list, list[FitHistory]]:
         """The draws fitted with each number of components in ``candidates``; those of the number whose
         held-out score is lowest are kept (``num_components_``, ``component_scores_``) and returned."""
         runs = {q: self._fit_draws(x, y, seeds, q, select) for q in candidates}
@@ -292,10 +295,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         return runs[self.num_components_]
 
     def _fit_draws(self, x: torch.Tensor, y: torch.Tensor, seeds: list[int], num_components: int,
-                   select: bool) -> tuple[list, list[FitHistory], list]:
+                   select: bool) -> tuple[list, list[FitHistory]]:
         """One fit per seed (its own feature draw, restarts and held-out rows), inputs selected after each
-        with ``select``: the models, their histories and their selected sets."""
-        models, histories, selections = [], [], []
+        with ``select``: the models and their histories."""
+        models, histories = [], []
         for k, draw_seed in enumerate(seeds):
             models.append(self._build_model(x.shape[1], draw_seed, num_components, redraw=k > 0))
             histories.append(fit(
@@ -304,9 +307,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
                 validation_fraction=self.validation_fraction,
             ))
             if select:
-                selections.append(select_inputs(models[-1], x, y, seed=draw_seed,
-                                                validation_fraction=self.validation_fraction).selected)
-        return models, histories, selections
+                select_inputs(models[-1], x, y, seed=draw_seed, validation_fraction=self.validation_fraction)
+        return models, histories
 
     # -- prediction ---------------------------------------------------------------------
     def _test_inputs(self, X) -> torch.Tensor:
@@ -444,6 +446,14 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         """Each draw's relevances, ``(len(models_), n_features_in_)``, each row non-negative and summing to one."""
         check_is_fitted(self)
         return np.stack([kernel_relevance(model) for model in self.models_])
+
+
+def selection_of(models: list) -> tuple[np.ndarray, np.ndarray]:
+    """``selection_frequency_`` and ``selected_`` of the draws' simplex kernels, each holding its selection's
+    zeros (:meth:`~alacarte.selection.SelectionFrequency.stable`)."""
+    kernels = [simplex_kernel(model) for model in models]
+    found = SelectionFrequency.of([k.selected().cpu() for k in kernels], [], kernels[0].num_dims)
+    return found.frequency.numpy(), found.stable().numpy()
 
 
 def held_out_score(histories: list[FitHistory]) -> float:

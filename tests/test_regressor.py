@@ -208,6 +208,21 @@ def test_several_draws_predict_their_equal_mixture(name):
         AlaCarteRegressor(name, **{**SMALL, "num_draws": 0}).fit(x, y)
 
 
+@pytest.mark.parametrize("name", ["fsard", "pwl"])
+def test_select_with_a_name_is_select_with_that_kernel_built_on_the_simplex(name):
+    """select=True with a named ARD kernel: the estimator fitted with the same kernel built with
+    simplex=True (make_model's, float64), prediction for prediction; its selection holds each
+    draw's exact zeros."""
+    x, y = data(n=60)
+    settings = {**SMALL, "num_draws": 1, "random_state": 3}
+    named = AlaCarteRegressor(name, select=True, **settings).fit(x, y)
+    kernel = make_model(name, 3, num_samples=16, num_components=2, seed=3, simplex=True).covar_module
+    given = AlaCarteRegressor(kernel, select=True, **settings).fit(x, y)
+    assert np.array_equal(named.predict(x, return_std=True), given.predict(x, return_std=True))
+    assert np.array_equal(named.selected_, given.selected_) and np.array_equal(
+        named.selected_, np.flatnonzero(named.model_.covar_module.relevance.numpy()))
+
+
 @pytest.mark.parametrize("kernel_class", [FSARDKernel, FSGBARDKernel])
 def test_draws_of_a_kernel_object_draw_their_own_features(kernel_class):
     """A kernel object: the first draw fits it as it is; draw k fits the features of the same kernel
@@ -410,7 +425,10 @@ def test_select_holds_the_unneeded_inputs_at_zero_as_select_inputs_does():
 
 def test_select_needs_a_simplex_kernel_and_a_bool():
     x, y = data()
+    for name in ("gm", "fastfood-rbf", "ssgpr", "exact-ard"):
+        with pytest.raises(ValueError, match="select=True needs an ARD kernel to put on the simplex"):
+            AlaCarteRegressor(name, select=True, **SMALL).fit(x, y)
     with pytest.raises(ValueError, match="simplex-ARD kernel"):
-        AlaCarteRegressor("fsard", select=True, **SMALL).fit(x, y)
+        AlaCarteRegressor(ac.FSARDKernel(3, 16, ard_num_dims=3), select=True, **SMALL).fit(x, y)
     with pytest.raises(ValueError, match="select"):
         AlaCarteRegressor(ac.FSARDKernel(3, 16, ard_num_dims=3, simplex=True), select="yes", **SMALL).fit(x, y)
