@@ -24,9 +24,10 @@ from .kernels import (
 from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
-__all__ = ["KERNEL_NAMES", "SIMPLEX_KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS", "AUTO_COMPONENTS",
-           "AUTO_COMPONENT_ROWS", "exact_gp_cost", "make_model", "resolve_draws", "draws_for_features", "check_draws",
-           "component_candidates", "check_simplex_name", "default_dtype", "floating_state"]
+__all__ = ["KERNEL_NAMES", "SIMPLEX_KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS",
+           "AUTO_COMPONENTS", "AUTO_COMPONENT_ROWS", "exact_gp_cost", "make_model", "resolve_draws",
+           "draws_for_features", "check_draws", "component_candidates", "check_simplex_name", "default_dtype",
+           "floating_state"]
 
 #: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
 #: (the command line says so before it starts one).

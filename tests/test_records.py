@@ -1,6 +1,4 @@
 """Crafted model files: every record field is checked before anything is built from it."""
-import copy
-import os
 import sys
 
 import numpy as np
