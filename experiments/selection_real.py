@@ -10,6 +10,8 @@ with K feature draws (fit seeds seed, seed + 1, …): the report then gives each
 frequency and the set kept by at least 4 of 5 draws (:meth:`~alacarte.selection.SelectionFrequency.stable`'s rule).
 ``--select-draws K`` has ``select_inputs`` ask K fresh feature draws what each input is worth (its ``draws``).
 ``--defaults`` fits and selects at the library's defaults instead of the benchmark's all-rows settings.
+``--estimator`` fits what a user gets, ``AlaCarteRegressor("fsard", select=True)`` at every default (D = 1 024,
+five feature draws at n ≤ 2 048), and reports its ``selected_`` (kept by at least 4 of 5 draws) and its predictions.
 ``--exact`` fits the Fastfood RBF simplex kernel instead (``selection_benchmark.py``'s ``gp-simplex-exact``: 512 frequencies, D = 1 024)
 and has ``select_inputs`` ask the RBF/ARD kernel itself (``draws="exact"``).
 
@@ -82,6 +84,21 @@ def fit_selected(x: np.ndarray, y: np.ndarray, seed: int, select_draws: int | st
     return model
 
 
+def fit_and_predict(x: np.ndarray, y: np.ndarray, xt: np.ndarray, seed: int, args) -> tuple[list, object, object]:
+    """The inputs kept, and the predictive mean and variance of a new y at ``xt``: of the simplex GP fitted by
+    :func:`fit_selected`, or (``--estimator``) of ``AlaCarteRegressor("fsard", select=True)`` at its defaults
+    (D = 1 024, five feature draws at n ≤ 2 048 each selecting, the inputs kept by at least 4 of 5)."""
+    if args.estimator:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            reg = ac.AlaCarteRegressor("fsard", select=True, random_state=seed).fit(x, y)
+        mean, std = reg.predict(xt, return_std=True)
+        return reg.selected_.tolist(), torch.as_tensor(mean), torch.as_tensor(std) ** 2
+    model = fit_selected(x, y, seed, "exact" if args.exact else args.select_draws, args.defaults)
+    pred = model.predict(xt)
+    return model.covar_module.selected().tolist(), pred.mean, pred.observed_variance
+
+
 def run(args) -> None:
     torch.set_num_threads(args.threads)
     done = {(r["dataset"], _split(r), r["columns"], int(r["seed"]), int(r["draw"])) for r in read_rows(args.out)}
@@ -95,14 +112,11 @@ def run(args) -> None:
             if columns == "widened":
                 x, xt = widen(x, xt, args.seed)
             start = time.perf_counter()
-            model = fit_selected(x, data.y_train, args.seed + draw, "exact" if args.exact else args.select_draws,
-                                 args.defaults)
+            selected, mean, variance = fit_and_predict(x, data.y_train, xt, args.seed + draw, args)
             seconds = time.perf_counter() - start
-            pred = model.predict(xt)
-            scores = predictive_scores(pred.mean, pred.observed_variance, torch.as_tensor(data.y_test))
+            scores = predictive_scores(mean, variance, torch.as_tensor(data.y_test))
             row = {"dataset": dataset, "split": split, "columns": columns, "seed": args.seed, "draw": draw,
-                   "n_train": len(x), "d": data.x_train.shape[1],
-                   "selected": " ".join(map(str, model.covar_module.selected().tolist())),
+                   "n_train": len(x), "d": data.x_train.shape[1], "selected": " ".join(map(str, selected)),
                    "rmse": scores["rmse"], "nlpd": scores["nlpd"], "coverage95": scores["coverage95"],
                    "seconds": round(seconds, 1), "threads": torch.get_num_threads(), "version": package_version()}
             append_row(args.out, FIELDS, row)
@@ -201,6 +215,8 @@ def main(argv=None) -> None:
     r.add_argument("--draws", type=int, default=1, help="feature draws of the widened columns' fit")
     r.add_argument("--select-draws", type=int, default=0, help="fresh feature draws select_inputs asks")
     r.add_argument("--exact", action="store_true", help="the Fastfood RBF simplex kernel, select_inputs(draws='exact')")
+    r.add_argument("--estimator", action="store_true",
+                   help='AlaCarteRegressor("fsard", select=True) at its defaults; selected: its selected_')
     r.add_argument("--defaults", action="store_true",
                    help="fit and select_inputs at their defaults (20%% held out for the band, fresh draws; "
                         "--select-draws ignored), D still the benchmark's")
