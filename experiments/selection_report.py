@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         "and another job) and replications 1–3 at cb5429a (the same selection code, 44–54 minutes each beside one "
         "to three other jobs, replication 1's including 11 minutes paused for a test run) and replication 4 at "
         "09f280c (the same selection code, 26 minutes beside one other job), "
+        "`--problems se3 --n 1000 --methods gp-simplex-band --out experiments/results/selection_gp_se3_band.csv` "
+        "at daaa3ab (6–14 minutes a replication, one thread beside two to four other jobs), "
         "`--problems se1 se2 --n 1000 5000 10000 50000 "
         "--methods mean ridge lasso`, `--problems se3 --n 1000 --methods mean ridge lasso` and `--problems se3 "
         "--n 50000 --methods mean ridge` (stopped after 3 and 2 replications), and from "
