@@ -367,16 +367,13 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         pred = model.predict(x, mean_only=mean_only)
         if at is None:
             return pred
+        share = self.replicate_shares_[k]
+        if not mean_only:
+            return self.replicates_.predictive(x, pred, share)
         # Those rows need their variances even for the mean alone.
-        spread = model.predict(x[at]) if mean_only else Prediction(*(t[at] for t in pred))
-        there = self.replicates_.predictive(x[at], spread, self.replicate_shares_[k])
         mean = pred.mean.clone()
-        mean[at] = there.mean
-        if mean_only:
-            return pred._replace(mean=mean)
-        latent, observed = pred.variance.clone(), pred.observed_variance.clone()
-        latent[at], observed[at] = there.variance, there.observed_variance
-        return Prediction(mean, latent, observed)
+        mean[at] = self.replicates_.predictive(x[at], model.predict(x[at]), share).mean
+        return pred._replace(mean=mean)
 
     def _mean_and_covariance(self, x: torch.Tensor, include_noise: bool) -> tuple[np.ndarray, np.ndarray]:
         """The predictive mean and covariance at x, of the draws' equal mixture."""
