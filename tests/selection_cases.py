@@ -17,16 +17,15 @@ def two_sines(rng: np.random.Generator, n: int, d: int) -> tuple[np.ndarray, np.
 def exhaustive_projection(v: np.ndarray, size: float) -> np.ndarray:
     """argmin ‖w − v‖ over {w ≥ 0, Σw = size}, by trying every support set S (exact KKT solve).
 
-    On a support S the minimiser of ‖w − v‖² subject to Σ_S w = size is
-    w_S = v_S − (Σ_S v − size)/|S|; the answer is the closest of the feasible ones."""
+    On a support S the minimiser of ‖w − v‖² subject to Σ_S w = size is w_S = v_S − τ with
+    τ = (Σ_S v − size)/|S|; the answer is the S whose w_S ≥ 0 and whose left-out v_j ≤ τ (the
+    KKT conditions, which hold for one w only).  Comparing distances instead cannot tell apart
+    supports whose distances differ below round-off (v = (1, −1, 1e-9): 1 + 5e-19 against 1 + 1e-18)."""
     d = v.size
-    best, best_dist = None, np.inf
+    slack = 1e-14 * max(1.0, size, float(np.abs(v).max()))  # round-off in τ; supports within it agree to it
     for mask in range(1, 2**d):
         support = np.array([(mask >> j) & 1 for j in range(d)], dtype=bool)
-        w = np.zeros(d)
-        w[support] = v[support] - (v[support].sum() - size) / support.sum()
-        if (w >= 0).all():
-            dist = np.sum((w - v) ** 2)
-            if dist < best_dist:
-                best, best_dist = w, dist
-    return best
+        tau = (v[support].sum() - size) / support.sum()
+        if (v[support] - tau >= -slack).all() and (v[~support] <= tau + slack).all():
+            return np.where(support, np.maximum(v - tau, 0.0), 0.0)
+    raise AssertionError("no support satisfies the KKT conditions")
