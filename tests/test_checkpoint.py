@@ -66,6 +66,7 @@ CASES = {
     "exact ARD": (lambda: make_model("exact-ard", 4), {}, 0.1),
     "FSARD, streamed": (lambda: make_model("fsard", 4, num_samples=16), {"chunk_size": 50}, 0.1),
     "FSARD, noise-free (the noise refit)": (lambda: make_model("fsard", 4, num_samples=32), {}, 0.0),
+    "FSGBARD (restarts hold its blocks)": (lambda: make_model("fsgbard", 4, num_samples=16), {}, 0.1),
     "gm, held-out rows": (lambda: make_model("gm", 4, num_samples=16), {"validation_fraction": 0.2}, 0.1),
 }
 

@@ -239,6 +239,26 @@ def test_restarts_are_reproducible_and_keep_the_best(make):
     assert abs(h1.loss[0] - h1.restart_losses[h1.chosen_restart]) < 1e-9
 
 
+def test_fsgbard_restarts_are_fsards_and_its_final_optimisation_learns_the_blocks():
+    """FSGBARD is FSARD plus learned blocks G, B: its restarts, which hold the blocks at their draw, are
+    FSARD's restarts (the same seed draws the same state), and the final optimisation moves the blocks."""
+    x, y = toy_data(n=120)
+    settings = dict(restarts=3, restart_iter=4, max_iter=4, seed=0, progress=False, validation_fraction=0)
+    fsard, fsgbard = (alacarte.factory.make_model(name, 3, num_samples=16, seed=0) for name in ("fsard", "fsgbard"))
+    drawn = fsgbard.covar_module.gauss.detach().clone()
+    runs = [fit(model, x, y, **settings) for model in (fsard, fsgbard)]
+    assert runs[1].restart_losses == pytest.approx(runs[0].restart_losses, rel=1e-10, abs=1e-12)
+    assert runs[1].chosen_restart == runs[0].chosen_restart
+    assert not torch.equal(fsgbard.covar_module.gauss.detach(), drawn)
+    assert fsgbard.covar_module.gauss.requires_grad and fsgbard.covar_module.sign.requires_grad
+    frozen = alacarte.factory.make_model("fsgbard", 3, num_samples=16, seed=0)
+    frozen.covar_module.sign.requires_grad_(False)  # the user's: held in every stage, and left so
+    signs = frozen.covar_module.sign.detach().clone()
+    fit(frozen, x, y, **settings)
+    assert not frozen.covar_module.sign.requires_grad and torch.equal(frozen.covar_module.sign.detach(), signs)
+    assert not torch.equal(frozen.covar_module.gauss.detach(), drawn)
+
+
 def test_numpy_integers_are_integers():
     """A grid search hands settings over as numpy integers."""
     x, y = toy_data()

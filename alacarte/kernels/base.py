@@ -116,6 +116,9 @@ class FeatureKernel(Kernel):
     #: (fixed random state, Gaussian frequencies): the kernel :func:`~alacarte.selection.select_inputs`
     #: can then ask in closed form.
     rbf_limit = False
+    #: Learned parameters by which the kernel extends a nested one with the same draw (FSGBARD's blocks
+    #: over FSARD): :func:`alacarte.fit`'s restarts hold them at their values, the final optimisation frees them.
+    nested_parameters: tuple[str, ...] = ()
     # φ(x)ᵀφ(x') = Σ_i w_i cos(ω_iᵀ(x − x')) for every draw.  GPyTorch's default is has_lengthscale, which
     # called GM, SSGPR and simplex kernels non-stationary (GridKernel, for one, refuses those).
     is_stationary = True

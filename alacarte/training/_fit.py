@@ -62,7 +62,9 @@ def fit(
     from ``seed``) are each optimised for ``restart_iter`` iterations from the
     model's state at the call; the best marginal likelihood is kept and
     optimised for ``max_iter`` more.  ``restarts=0`` trains from the model's
-    current hyperparameters as they are.
+    current hyperparameters as they are.  A kernel's
+    :attr:`~alacarte.FeatureKernel.nested_parameters` (FSGBARD's blocks) are held
+    where they are during the restarts and learned in the final optimisation.
 
     **Held-out rows** (by default 20% for a feature GP with rows in memory;
     :func:`~alacarte.holdout.resolve_fraction`).  That share of the rows (at most

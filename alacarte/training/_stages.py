@@ -2,6 +2,7 @@
 noise, the result — and the checkpoint that lets a killed fit resume between iterations."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
@@ -25,6 +26,31 @@ __all__ = ["CHECKPOINT_INTERVAL", "Training"]
 # Seconds between checkpoint writes: a killed fit loses at most this much work (and the
 # first iteration of every stage is saved whatever the time).
 CHECKPOINT_INTERVAL = 10.0
+
+
+@contextlib.contextmanager
+def holding_nested_parameters(model):
+    """Within the block, the kernel's :attr:`~alacarte.FeatureKernel.nested_parameters` are out of the
+    optimisation (``requires_grad`` off), where anything else is left to optimise."""
+    kernel = model.covar_module
+    held = [p for p in (getattr(kernel, name) for name in getattr(kernel, "nested_parameters", ()))
+            if p.requires_grad]
+    ids = {id(p) for p in held}
+    if not any(p.requires_grad and id(p) not in ids for p in model.parameters()):
+        held = []
+    for parameter in held:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in held:
+            parameter.requires_grad_(True)
+
+
+def _saved_stage_name(progress) -> str | None:
+    """The stage a checkpoint's progress names, where it names one (check_progress says what else is wrong)."""
+    stage = progress.get("stage") if isinstance(progress, dict) else None
+    return stage[0] if isinstance(stage, (list, tuple)) and stage else None
 
 
 class Training:
@@ -55,17 +81,19 @@ class Training:
         self.resume = checkpoint.load() if checkpoint is not None else None
         if self.resume is not None:
             try:
-                check_progress(self.resume, self._shape())
+                check_progress(self.resume, self._shape(_saved_stage_name(self.resume)))
             except ValueError as err:
                 raise ValueError(f"checkpoint {checkpoint.path} cannot be resumed ({err}); pass another path, "
                                  "or delete it to fit from the start") from None
             self._restore(self.resume)
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _shape(self) -> FitShape:
-        """What this fit's checkpoint can hold (the optimiser as :class:`Optimization` builds it)."""
+    def _shape(self, stage_name: str | None) -> FitShape:
+        """What this fit's checkpoint can hold in the stage ``stage_name`` (the optimiser as
+        :class:`Optimization` builds it there: a restart's holds the nested parameters out)."""
         simplex = SimplexStep(self.model)
-        params = [p for p in self.model.parameters() if p.requires_grad and not simplex.owns(p)]
+        with holding_nested_parameters(self.model) if stage_name == "restart" else contextlib.nullcontext():
+            params = [p for p in self.model.parameters() if p.requires_grad and not simplex.owns(p)]
         groups = make_optimizer(params, self.optimizer, self.lr).state_dict()["param_groups"] if params else None
         return FitShape(state=self.model.state_dict(), parameters=params, param_groups=groups,
                         optimizer=self.optimizer, simplex=list(simplex.parameters), restarts=self.restarts,
@@ -199,7 +227,7 @@ class Training:
             if self.data is not None:  # every process continues from rank 0's initial values
                 self.data.broadcast_state_(model)
 
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), holding_nested_parameters(model):
             warnings.simplefilter("ignore", RuntimeWarning)  # a restart that fails is just not chosen
             self._run_stage(("restart", restart), self.restart_iter, begin)
         loss = self._score()
