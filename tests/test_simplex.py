@@ -367,6 +367,36 @@ def test_select_inputs_brings_back_a_relevant_input_held_at_zero(draws, single_t
     assert error < 0.05
 
 
+def test_reentry_with_fresh_draws_is_decided_on_fresh_draws_alone(single_thread, monkeypatch):
+    """With fresh draws, a held input's re-entry is what the fresh draws' mean gain says, whatever it
+    gains on the fitted draw (fitted without it); with none, the fitted draw decides.  Gains are
+    prescribed per draw: x₁ costs on the fitted draw and gains on fresh ones, x₂ the reverse, x₃
+    gains on the first fresh draw only (below the threshold on the mean)."""
+    from alacarte.selection import evidence
+
+    rng = np.random.default_rng(0)
+    x, y = two_sines(rng, 100, 4)
+    kernel = ac.FSARDKernel(4, 8, ard_num_dims=4, simplex=True, seed=0).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=3, restarts=0, progress=False)
+    fitted = kernel.gauss.clone()
+    seeds = evidence.fresh_seeds(kernel, 4)
+    first = [None]
+
+    def gains(model, kernel, inputs):
+        if torch.equal(kernel.gauss, fitted):
+            table = {1: -50.0, 2: 50.0, 3: -1.0}
+        else:
+            first[0] = kernel.gauss.clone() if first[0] is None else first[0]
+            table = {1: 50.0, 2: -50.0, 3: 30.0 if torch.equal(kernel.gauss, first[0]) else -5.0}
+        return (torch.tensor([table[j] for j in inputs], dtype=torch.float64),
+                torch.full((len(inputs),), 0.5, dtype=torch.float64))
+
+    monkeypatch.setattr(evidence, "entry_gains", gains)
+    assert list(evidence._entries(model, kernel, [1, 2, 3], seeds, threshold=5.0)) == [1]
+    assert list(evidence._entries(model, kernel, [1, 2, 3], [], threshold=5.0)) == [2]
+
+
 def test_select_inputs_draws_by_default_where_the_kernel_can_and_refuses_bad_draws(single_thread, monkeypatch):
     from alacarte.selection import evidence
     from alacarte.selection.evidence import FRESH_DRAWS, select_inputs

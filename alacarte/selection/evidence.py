@@ -236,19 +236,26 @@ def _closed_form_entries(evidence: ClosedFormEvidence, inputs: list[int], thresh
 
 
 def _entries(model, kernel, inputs: list[int], seeds: list[int], threshold: float) -> dict[int, float]:
-    """The inputs of ``inputs`` worth more than ``threshold`` on re-entry (on the fitted draw, then, with
-    ``seeds``, on the mean over fresh draws), with the γ_j each re-enters at."""
-    gains, values = entry_gains(model, kernel, inputs)
-    passing = [a for a in range(len(inputs)) if gains[a] > threshold]
-    if seeds and passing:
-        candidates = [inputs[a] for a in passing]
-        fresh = []
-        for seed in seeds:
-            with kernel.redrawn(seed):
-                fresh.append(entry_gains(model, kernel, candidates)[0])
-        mean = torch.stack(fresh).mean(0)
-        passing = [a for a, g in zip(passing, mean) if g > threshold]
-    return {inputs[a]: float(values[a]) for a in passing}
+    """The inputs of ``inputs`` worth more than ``threshold`` on re-entry, with the γ_j each re-enters at:
+    on the fitted draw or, with ``seeds``, on the mean over those fresh draws.  The fresh draws' mean is
+    asked of the inputs that gain anything on the first of them (one draw's questions for every held
+    input, as the fitted draw's would be).  The fitted draw is not the screen: its radii and σ² were
+    fitted without the held input, so re-entering one can cost there what it gains on other draws."""
+    if not seeds:
+        gains, values = entry_gains(model, kernel, inputs)
+        return {inputs[a]: float(values[a]) for a in range(len(inputs)) if gains[a] > threshold}
+    with kernel.redrawn(seeds[0]):
+        gains, values = entry_gains(model, kernel, inputs)
+    passing = [a for a in range(len(inputs)) if gains[a] > 0]
+    if not passing:
+        return {}
+    candidates = [inputs[a] for a in passing]
+    fresh = [gains[passing]]
+    for seed in seeds[1:]:
+        with kernel.redrawn(seed):
+            fresh.append(entry_gains(model, kernel, candidates)[0])
+    mean = torch.stack(fresh).mean(0)
+    return {inputs[a]: float(values[a]) for a, g in zip(passing, mean) if g > threshold}
 
 
 @torch.no_grad()
@@ -292,8 +299,8 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
         max_rounds: the most refits.
         draws: 0 asks the fitted feature draw; k > 0 asks k fresh draws of the kernel's random
             features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`, every learned parameter
-            kept) and uses the mean cost (and the mean re-entry gain of the inputs the fitted draw
-            would bring back).  A weight fitted on one finite draw can fit that draw's chance
+            kept) and uses the mean cost and the mean re-entry gain (of the held inputs that gain
+            on the first fresh draw).  A weight fitted on one finite draw can fit that draw's chance
             features, a gain that a fresh draw does not repeat.  ``"exact"``, for a kernel whose
             features approximate the RBF/ARD kernel (``rbf_limit``: Fastfood RBF, random kitchen
             sinks), asks that kernel in closed form (:class:`ClosedFormEvidence`, on up to
