@@ -54,7 +54,7 @@ def _model(name: str, d: int, seed: int):
 
 
 def run(out: Path, reps: list[int], n: int, models: list[str]) -> None:
-    done = {(r["rep"], r["n"], r["design"], r.get("model", "exact")) for r in read_rows(out)}
+    done = {(r["rep"], r["n"], r["design"], r["model"]) for r in read_rows(out)}
     for rep in reps:
         ((x, y), _, (xt, yt)), _, seed = split("se3", n, rep)
         for (name, inputs), model_name in itertools.product(_designs(), models):
