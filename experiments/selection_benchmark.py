@@ -220,14 +220,16 @@ def main(argv=None) -> None:
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=list(PROBLEMS))
     parser.add_argument("--n", nargs="+", type=int, default=[1000, 5000, 10000, 50000])
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5, help="replications 0 to reps − 1")
+    parser.add_argument("--first-rep", type=int, default=0, help="skip the replications before this one")
     parser.add_argument("--out", type=Path, default=ROOT / "experiments/results/selection_srff.csv")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if args.problems == ["se3"] and not set(args.n) & set(SE3_SIZES):  # it would run nothing, silently
         parser.error(f"se3 runs at n = {' or '.join(map(str, SE3_SIZES))} only; got --n {' '.join(map(str, args.n))}")
-    if args.reps < 1 or min(args.n) < 1:
-        parser.error(f"--reps and --n must be at least 1, got --reps {args.reps} --n {' '.join(map(str, args.n))}")
+    if args.reps < 1 or min(args.n) < 1 or not 0 <= args.first_rep < args.reps:
+        parser.error(f"--reps and --n must be at least 1 and --first-rep in [0, reps), got --reps {args.reps} "
+                     f"--first-rep {args.first_rep} --n {' '.join(map(str, args.n))}")
     torch.set_num_threads(args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = done_cells(args.out)
@@ -236,7 +238,7 @@ def main(argv=None) -> None:
         for problem in args.problems:
             if problem == "se3" and n not in SE3_SIZES:
                 continue
-            for rep in range(args.reps):
+            for rep in range(args.first_rep, args.reps):
                 todo = [m for m in args.methods if (problem, n, m, rep) not in done]
                 if not todo:
                     continue

@@ -1,4 +1,6 @@
 """Simplex-ARD kernels, the simplex step, and selection by a simplex-ARD GP."""
+import contextlib
+import copy
 import math
 import unittest
 
@@ -395,6 +397,81 @@ def test_reentry_with_fresh_draws_is_decided_on_fresh_draws_alone(single_thread,
     monkeypatch.setattr(evidence, "entry_gains", gains)
     assert list(evidence._entries(model, kernel, [1, 2, 3], seeds, threshold=5.0)) == [1]
     assert list(evidence._entries(model, kernel, [1, 2, 3], [], threshold=5.0)) == [2]
+
+
+def test_joint_costs_are_the_likelihood_with_those_columns_set_to_zero(single_thread):
+    """Zeroing γ_j for j in S is the model at the fitted γ on inputs whose columns S are 0: the joint cost
+    of a set, on the fitted draw, on fresh draws and in closed form, against that reference (a dense exact
+    GP for the closed form); a set of one is the input's own cost."""
+    from alacarte.selection import evidence
+    from alacarte.training import negative_mll
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((150, 5))
+    y = np.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * rng.standard_normal(150)
+    kernel = ac.FSARDKernel(5, 32, ard_num_dims=5, simplex=True, seed=1).double()
+    model = ac.FeatureGP(None, None, kernel).double()
+    ac.fit(model, x, y, max_iter=20, restarts=0, progress=False, validation_fraction=0)
+    xs, ys = model.train_inputs[0], model.train_targets
+
+    def nll(gp, inputs, seed):
+        gp.train()
+        with torch.no_grad(), gp.inference_settings(), (
+                gp.covar_module.redrawn(seed) if seed is not None else contextlib.nullcontext()):
+            return float(negative_mll(gp, inputs, ys, backward=False))
+
+    def reference(columns, seed=None):
+        zeroed = xs.clone()
+        zeroed[:, columns] = 0
+        other = copy.deepcopy(model)
+        other.set_train_data(zeroed, ys, strict=False)
+        return (nll(other, zeroed, seed) - nll(model, xs, seed)) * len(y)
+
+    assert evidence.joint_cost(model, kernel, [1, 2]) == pytest.approx(reference([1, 2]), rel=1e-9)
+    assert evidence.joint_cost(model, kernel, [3]) == pytest.approx(float(evidence.input_costs(model, kernel)[3]),
+                                                                    rel=1e-9, abs=1e-9)
+    seeds = evidence.fresh_seeds(kernel, 2)
+    fresh = sum(reference([1, 2], seed) for seed in seeds) / 2
+    assert evidence.joint_cost(model, kernel, [1, 2], seeds) == pytest.approx(fresh, rel=1e-9)
+    closed = evidence.ClosedFormEvidence(model, kernel)
+    gamma = closed.gamma.clone()
+
+    def dense(g):
+        scaled = closed.x * g
+        cov = closed.signal * torch.exp(-0.5 * torch.cdist(scaled, scaled).square()) + closed.noise * torch.eye(150)
+        return float(0.5 * closed.residual @ torch.linalg.solve(cov, closed.residual) + 0.5 * torch.logdet(cov))
+
+    trial = gamma.clone()
+    trial[[1, 2]] = 0
+    assert closed.joint_rise([1, 2]) == pytest.approx(dense(trial) - dense(gamma), rel=1e-6)
+    assert closed.joint_rise([4]) == pytest.approx(closed.rise(4, 0.0), rel=1e-12)
+
+
+def test_weak_inputs_that_are_worth_something_together_are_dropped_a_share_at_a_time():
+    """Four weak inputs: where their joint cost is below the χ²_k threshold all go in one round; where
+    x₁ and x₂ (copies) are worth 500 nats together, the cheapest half holds both, so only x₁ goes."""
+    from alacarte.selection.evidence import _jointly_weak, joint_threshold
+
+    weak = torch.tensor([False, True, True, True, True, False])
+    costs = torch.tensor([50.0, -5.0, -4.0, 1.0, 2.0, 40.0])
+    asked = []
+
+    def additive(inputs):
+        asked.append(list(inputs))
+        return float(costs[inputs].sum())
+
+    def copies(inputs):
+        asked.append(list(inputs))
+        return 500.0 if {1, 2} <= set(inputs) else float(costs[inputs].sum())
+
+    assert _jointly_weak(weak, costs, additive, 0.05).tolist() == weak.tolist()
+    assert asked == [[1, 2, 3, 4]]
+    asked.clear()
+    assert torch.nonzero(_jointly_weak(weak, costs, copies, 0.05)).reshape(-1).tolist() == [1]
+    assert asked == [[1, 2, 3, 4], [1, 2]]
+    # One input: the single-input threshold log(d/α); k irrelevant inputs: about k/2 + O(√k) nats.
+    assert joint_threshold(1, 6, 0.05) == pytest.approx(math.log(6 / 0.05))
+    assert 400 < joint_threshold(700, 1000, 0.05) < 500
 
 
 def test_select_inputs_draws_by_default_where_the_kernel_can_and_refuses_bad_draws(single_thread, monkeypatch):

@@ -13,6 +13,9 @@ refitted — an upper bound on the cost after a refit).  Twice the gain of an ir
 input is about χ²₁, so P(cost > t) ≤ e^{-t}: inputs costing less than
 :math:`t = \log(d/\alpha)` are dropped (held at 0 by :meth:`~alacarte.kernels.base.FeatureKernel.drop_inputs_`),
 which keeps about α irrelevant inputs in expectation; the GP is refitted and asked again.
+Each input is asked with the others in place, so copies of one signal are each worth little
+while their siblings stay: the weak inputs go together only where their joint cost is below
+the same tail for χ²_k (:func:`joint_threshold`), else the cheapest half of them, and so on.
 
 The χ²₁ count holds for the kernel, not for one finite draw of its features: a weight fitted
 on a draw can fit that draw's chance features (an irrelevant input worth 10 nats on the
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from scipy import stats
 
 from .._validation import varying_columns
 from ..holdout import maximize_band_likelihood, resolve_fraction, split_rows
@@ -89,6 +93,30 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module, draws: Sequence[int
         with kernel.redrawn(seed):
             total += _costs_on_draw(model, kernel)
     return total / len(draws)
+
+
+@torch.no_grad()
+def joint_cost(model: "FeatureGP", kernel: torch.nn.Module, inputs: Sequence[int], draws: Sequence[int] = ()) -> float:
+    """The rise of the total negative log marginal likelihood (nats) when every input of ``inputs`` is set to 0
+    at once, the others' γ kept; the mean over the fresh draws ``draws`` as for :func:`input_costs`."""
+    if not draws:
+        return _joint_cost_on_draw(model, kernel, list(inputs))
+    total = 0.0
+    for seed in draws:
+        with kernel.redrawn(seed):
+            total += _joint_cost_on_draw(model, kernel, list(inputs))
+    return total / len(draws)
+
+
+def _joint_cost_on_draw(model: "FeatureGP", kernel: torch.nn.Module, inputs: list[int]) -> float:
+    x, y = model.train_inputs[0], model.train_targets
+    trial = kernel.inverse_lengthscale().detach().clone()
+    trial[..., inputs] = 0
+    model.train()
+    with model.inference_settings(), _restored_weights(kernel):
+        base = float(negative_mll(model, x, y, backward=False))
+        kernel._set_simplex_gamma(trial)
+        return (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
 
 
 def _costs_on_draw(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
@@ -171,6 +199,15 @@ class ClosedFormEvidence:
         """The rise (nats) of the total negative log marginal likelihood when γ_j becomes ``value``."""
         column = self.x[:, j]
         shift = (column[:, None] - column[None, :]).square_().mul_(value ** 2 - float(self.gamma[j]) ** 2)
+        return self._nll(shift.add_(self.distance).clamp_(min=0)) - self.base
+
+    @torch.no_grad()
+    def joint_rise(self, inputs: Sequence[int]) -> float:
+        """The rise (nats) of the total negative log marginal likelihood when every γ_j of ``inputs`` becomes 0."""
+        shift = torch.zeros_like(self.distance)
+        for j in inputs:
+            column = self.x[:, j]
+            shift.sub_((column[:, None] - column[None, :]).square_().mul_(float(self.gamma[j]) ** 2))
         return self._nll(shift.add_(self.distance).clamp_(min=0)) - self.base
 
     def costs(self) -> torch.Tensor:
@@ -279,8 +316,9 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     Call after :func:`alacarte.fit` on the same ``x``, ``y``, with its ``seed`` and
     ``validation_fraction``: they say which rows the fit held out.  Each round drops every input
     whose weight is worth less than ``log(d/level)`` nats of total marginal likelihood (never the
-    last one) — inputs already at weight 0 among them —, holds them at exactly 0 and refits the
-    rest with :func:`alacarte.fit` (``restarts=0``, ``refit_iter`` iterations).  When none is
+    last one) — inputs already at weight 0 among them; where together they are worth more than
+    :func:`joint_threshold`, only the cheapest half of them, or quarter, down to one —, holds them at
+    exactly 0 and refits the rest with :func:`alacarte.fit` (``restarts=0``, ``refit_iter`` iterations).  When none is
     dropped, each held input is asked once whether it is worth more than the threshold on
     re-entry (:func:`entry_gains`: a zero weight is a stationary point, so the fit cannot
     bring an input back itself); those that are re-enter and the model is refitted.  It ends
@@ -347,6 +385,8 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
             evidence = ClosedFormEvidence(model, kernel, seed) if exact else None
             costs = evidence.costs() if exact else input_costs(model, kernel, seeds)
             weak = _weak_inputs(kernel, costs, threshold)
+            joint = evidence.joint_rise if exact else (lambda inputs: joint_cost(model, kernel, inputs, seeds))
+            weak = _jointly_weak(weak, costs, joint, level)
             changed = rounds < max_rounds and _change_inputs(model, kernel, weak, varying, entered, threshold,
                                                              seeds, evidence)
         except BaseException:
@@ -426,6 +466,28 @@ def _weak_inputs(kernel: torch.nn.Module, costs: torch.Tensor, threshold: float)
     if bool(weak.any()) and bool(weak.eq(active).all()):  # never the last input
         weak[int(torch.argmax(torch.where(active, costs, torch.full_like(costs, -math.inf))))] = False
     return weak
+
+
+def joint_threshold(k: int, num_dims: int, level: float) -> float:
+    """The cost (nats) below which ``k`` inputs may be dropped together: twice the gain of k irrelevant
+    inputs is about χ²_k, held to the single input's tail probability level/d (and never below its
+    threshold log(d/level))."""
+    return max(math.log(num_dims / level), 0.5 * float(stats.chi2.isf(level / num_dims, k)))
+
+
+def _jointly_weak(weak: torch.Tensor, costs: torch.Tensor, joint: Callable[[list[int]], float],
+                  level: float) -> torch.Tensor:
+    """The weak inputs to drop in one round: all of them where their joint cost is below
+    :func:`joint_threshold`, else the cheapest half of them, and so on down to the cheapest one.
+    Each input is asked with the others in place: copies of one signal are each worth little
+    while their siblings stay, and everything together."""
+    order = sorted(torch.nonzero(weak).reshape(-1).tolist(), key=lambda j: float(costs[j]))
+    k = len(order)
+    while k > 1 and joint(order[:k]) >= joint_threshold(k, len(weak), level):
+        k //= 2
+    kept = torch.zeros_like(weak)
+    kept[order[:k]] = True
+    return kept
 
 
 @dataclass
