@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         "(`--out experiments/results/selection_gp_se3_band_5k.csv`; re-run by the library whose select_inputs drops "
         "weak inputs together only where their joint cost allows, from a snapshot without git (version "
         "0.1.0+unknown), replications 0–1 and 2–4 (`--first-rep 2`) in two processes, one thread each beside one "
-        "to three other jobs, 20–36 minutes a replication: at daaa3ab three replications kept 7, 9 and 9 of the 10 "
+        "to three other jobs, 20–38 minutes a replication: at daaa3ab three replications kept 7, 9 and 9 of the 10 "
         "copies, RMSE 0.114 ± 0.007, at 843aef7 (re-entry asked on fresh draws) 6, 10 and 9, RMSE 0.115 ± 0.010), `--problems se1 --n 10000 --methods gp-simplex-estimator --out "
         "experiments/results/selection_gp_estimator_10k.csv` at a936aed (the estimator with a simplex FSARD kernel "
         "at its default D = 1 024, select=True; 21–49 minutes a replication beside one to four other jobs; stopped "
