@@ -86,54 +86,59 @@ def input_costs(model: "FeatureGP", kernel: torch.nn.Module, draws: Sequence[int
     training data) when its weight alone is set to 0; 0 for inputs out of use.  With ``draws``
     (seeds), its mean over those fresh draws of the kernel's random features
     (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`), every learned parameter kept."""
+    return _over_draws(kernel, draws, lambda: _costs_on_draw(model, kernel))
+
+
+def _over_draws(kernel: torch.nn.Module, draws: Sequence[int], on_draw: Callable[[], object]):
+    """``on_draw()`` on the fitted draw or, with ``draws`` (seeds), its mean over those fresh draws."""
     if not draws:
-        return _costs_on_draw(model, kernel)
-    total = torch.zeros(kernel.num_dims, dtype=torch.float64)
+        return on_draw()
+    total = 0
     for seed in draws:
         with kernel.redrawn(seed):
-            total += _costs_on_draw(model, kernel)
+            total = total + on_draw()
     return total / len(draws)
+
+
+@contextlib.contextmanager
+def _rises(model: "FeatureGP", kernel: torch.nn.Module) -> Iterator[Callable[[torch.Tensor], float]]:
+    """Within the block, ``rise(γ)``: the rise of the total negative log marginal likelihood (nats, on the
+    model's training data) from its state on entry to the kernel's γ set to ``γ``; π and c restored after."""
+    x, y = model.train_inputs[0], model.train_targets
+    model.train()
+    with model.inference_settings(), _restored_weights(kernel):
+        base = float(negative_mll(model, x, y, backward=False))
+
+        def rise(gamma: torch.Tensor) -> float:
+            kernel._set_simplex_gamma(gamma)
+            return (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
+
+        yield rise
 
 
 @torch.no_grad()
 def joint_cost(model: "FeatureGP", kernel: torch.nn.Module, inputs: Sequence[int], draws: Sequence[int] = ()) -> float:
     """The rise of the total negative log marginal likelihood (nats) when every input of ``inputs`` is set to 0
     at once, the others' γ kept; the mean over the fresh draws ``draws`` as for :func:`input_costs`."""
-    if not draws:
-        return _joint_cost_on_draw(model, kernel, list(inputs))
-    total = 0.0
-    for seed in draws:
-        with kernel.redrawn(seed):
-            total += _joint_cost_on_draw(model, kernel, list(inputs))
-    return total / len(draws)
-
-
-def _joint_cost_on_draw(model: "FeatureGP", kernel: torch.nn.Module, inputs: list[int]) -> float:
-    x, y = model.train_inputs[0], model.train_targets
     trial = kernel.inverse_lengthscale().detach().clone()
-    trial[..., inputs] = 0
-    model.train()
-    with model.inference_settings(), _restored_weights(kernel):
-        base = float(negative_mll(model, x, y, backward=False))
-        kernel._set_simplex_gamma(trial)
-        return (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
+    trial[..., list(inputs)] = 0
+
+    def on_draw() -> float:
+        with _rises(model, kernel) as rise:
+            return rise(trial)
+
+    return _over_draws(kernel, draws, on_draw)
 
 
 def _costs_on_draw(model: "FeatureGP", kernel: torch.nn.Module) -> torch.Tensor:
-    x, y = model.train_inputs[0], model.train_targets
     gamma = kernel.inverse_lengthscale().detach().clone()
     costs = torch.zeros(kernel.num_dims, dtype=torch.float64)
-    model.train()
-    with model.inference_settings(), _restored_weights(kernel):
-        base = float(negative_mll(model, x, y, backward=False))
+    with _rises(model, kernel) as rise:
         for j in torch.nonzero(gamma.reshape(-1) > 0).reshape(-1).tolist():
             trial = gamma.clone()
             trial[..., j] = 0
-            if float(trial.sum()) <= 0:
-                costs[j] = math.inf
-                continue
-            kernel._set_simplex_gamma(trial)  # the others keep their γ (their direction, with c fixed)
-            costs[j] = (float(negative_mll(model, x, y, backward=False)) - base) * len(y)
+            # the others keep their γ (their direction, with c fixed); none left is no model
+            costs[j] = math.inf if float(trial.sum()) <= 0 else rise(trial)
     return costs
 
 
@@ -197,18 +202,19 @@ class ClosedFormEvidence:
     @torch.no_grad()
     def rise(self, j: int, value: float) -> float:
         """The rise (nats) of the total negative log marginal likelihood when γ_j becomes ``value``."""
-        column = self.x[:, j]
-        shift = (column[:, None] - column[None, :]).square_().mul_(value ** 2 - float(self.gamma[j]) ** 2)
-        return self._nll(shift.add_(self.distance).clamp_(min=0)) - self.base
+        return self._rise_to({j: value})
 
-    @torch.no_grad()
     def joint_rise(self, inputs: Sequence[int]) -> float:
         """The rise (nats) of the total negative log marginal likelihood when every γ_j of ``inputs`` becomes 0."""
-        shift = torch.zeros_like(self.distance)
-        for j in inputs:
+        return self._rise_to({j: 0.0 for j in inputs})
+
+    @torch.no_grad()
+    def _rise_to(self, values: dict[int, float]) -> float:
+        distance = self.distance.clone()
+        for j, value in values.items():
             column = self.x[:, j]
-            shift.sub_((column[:, None] - column[None, :]).square_().mul_(float(self.gamma[j]) ** 2))
-        return self._nll(shift.add_(self.distance).clamp_(min=0)) - self.base
+            distance.add_((column[:, None] - column[None, :]).square_().mul_(value ** 2 - float(self.gamma[j]) ** 2))
+        return self._nll(distance.clamp_(min=0)) - self.base
 
     def costs(self) -> torch.Tensor:
         """Per input, the rise when its γ_j alone is set to 0 (``inf`` for the only one in use; 0 out of use)."""
@@ -235,17 +241,13 @@ def entry_gains(model: "FeatureGP", kernel: torch.nn.Module, inputs: Sequence[in
     """Per input of ``inputs`` (at weight 0): the largest fall of the total negative log marginal
     likelihood (nats) when it alone re-enters at γ_j = q · (median γ in use), q in
     :data:`ENTRY_SCALES`, nothing refitted; and that γ_j.  Shapes ``(len(inputs),)``."""
-    x, y = model.train_inputs[0], model.train_targets
     gamma = kernel.inverse_lengthscale().detach().clone()
-    model.train()
-    with model.inference_settings(), _restored_weights(kernel):
-        base = float(negative_mll(model, x, y, backward=False))
+    with _rises(model, kernel) as rise:
 
         def fall(j: int, value: float) -> float:
             trial = gamma.clone()
             trial[..., j] = value
-            kernel._set_simplex_gamma(trial)
-            return (base - float(negative_mll(model, x, y, backward=False))) * len(y)
+            return -rise(trial)
 
         best = _best_entries(fall, gamma, inputs)
     gains = torch.tensor([gain for gain, _ in best], dtype=torch.float64)
