@@ -20,7 +20,10 @@ the same tail for χ²_k (:func:`joint_threshold`), else the cheapest half of th
 The χ²₁ count holds for the kernel, not for one finite draw of its features: a weight fitted
 on a draw can fit that draw's chance features (an irrelevant input worth 10 nats on the
 fitted draw, −7 on fresh ones).  With ``draws`` the cost is measured on fresh draws of the
-kernel's random directions, every fitted parameter kept, where only the kernel's gain remains.
+kernel's random directions, where only the kernel's gain remains, at a point first fitted to
+the mean likelihood over those draws: a cost is a rise from an optimum of what it measures,
+and the point fitted on one draw is none on others (there a copy of an over-weighted signal
+can "cost" −105 nats).  The model itself stays fitted on its own draw.
 Where the features' expectation is the RBF/ARD kernel (``rbf_limit``), ``draws="exact"`` asks
 that kernel itself, in closed form on up to :data:`EXACT_ROWS` rows: fresh finite draws
 under-value an input whose effect needs more features than D (a fast oscillation), the kernel
@@ -29,6 +32,7 @@ does not.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +48,7 @@ from ..init import signal_variance_parameter
 from ..mll import homoskedastic_noise
 from ..training import fit, negative_mll
 from ..woodbury import cholesky_with_jitter
+from ._over_draws import fit_over_draws
 
 if TYPE_CHECKING:
     from ..models import FeatureGP
@@ -338,9 +343,10 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
         refit_iter: L-BFGS iterations of each refit.
         max_rounds: the most refits.
         draws: 0 asks the fitted feature draw; k > 0 asks k fresh draws of the kernel's random
-            features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`, every learned parameter
-            kept) and uses the mean cost and the mean re-entry gain (of the held inputs that gain
-            on the first fresh draw).  A weight fitted on one finite draw can fit that draw's chance
+            features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`) at a point fitted to
+            their mean likelihood (:func:`fit_over_draws`, ``refit_iter`` iterations from the
+            model's own fit, which the model keeps) and uses the mean cost and the mean re-entry
+            gain (of the held inputs that gain on the first fresh draw).  A weight fitted on one finite draw can fit that draw's chance
             features, a gain that a fresh draw does not repeat.  ``"exact"``, for a kernel whose
             features approximate the RBF/ARD kernel (``rbf_limit``: Fastfood RBF, random kitchen
             sinks), asks that kernel in closed form (:class:`ClosedFormEvidence`, on up to
@@ -384,17 +390,12 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     while True:
         undo = _on_kept_rows(model, kept)
         try:
-            evidence = ClosedFormEvidence(model, kernel, seed) if exact else None
-            costs = evidence.costs() if exact else input_costs(model, kernel, seeds)
-            weak = _weak_inputs(kernel, costs, threshold)
-            joint = evidence.joint_rise if exact else (lambda inputs: joint_cost(model, kernel, inputs, seeds))
-            weak = _jointly_weak(weak, costs, joint, level)
-            changed = rounds < max_rounds and _change_inputs(model, kernel, weak, varying, entered, threshold,
-                                                             seeds, evidence)
+            costs, idle, weak, values = _decide(model, kernel, seeds, exact, seed, threshold, level, refit_iter,
+                                                varying, entered, ask=rounds < max_rounds)
         except BaseException:
             undo()
             raise
-        if not changed:
+        if not _apply(kernel, idle, weak, values, entered, rounds < max_rounds):
             undo()
             break
         # The refit starts from the likelihood's σ² and σ_f² on the kept rows and sets the band again.
@@ -404,27 +405,67 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     return InputSelection(kernel.selected().cpu(), costs, threshold, rounds, entered)
 
 
-def _change_inputs(model: "FeatureGP", kernel: torch.nn.Module, weak: torch.Tensor, varying: torch.Tensor,
-                   entered: list[int], threshold: float, seeds: Sequence[int],
-                   evidence: ClosedFormEvidence | None) -> bool:
-    """Drop the weak inputs or, with none to drop, bring back the held inputs worth it (each asked
-    once, recorded in ``entered``; of the kernel in closed form where ``evidence`` is given); whether
-    anything changed."""
-    if bool(weak.any()):
-        kernel.drop_inputs_(torch.nonzero(weak).reshape(-1))
-        return True
+def _decide(model: "FeatureGP", kernel: torch.nn.Module, seeds: list[int], exact: bool, seed: int | None,
+            threshold: float, level: float, refit_iter: int, varying: torch.Tensor, entered: list[int],
+            ask: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[int, float]]:
+    """One round's questions: the inputs' costs; the inputs at weight 0 not yet held; the weak inputs to
+    drop; with none to drop (and ``ask``), the held inputs not asked before (``entered``) worth re-entry,
+    with the γ_j each re-enters at.  With fresh draws ``seeds`` they are read at a point fitted to the
+    mean likelihood over those draws (``refit_iter`` iterations), where the costs are the rise from an
+    optimum of what they measure; the model is left as it was.  ``exact``: of the kernel in closed form
+    (``seed``: its rows')."""
+    state, mask = copy.deepcopy(model.state_dict()), kernel.simplex_mask.clone()
+    try:
+        if seeds:
+            fit_over_draws(model, kernel, seeds, refit_iter)
+        evidence = ClosedFormEvidence(model, kernel, seed) if exact else None
+        costs = evidence.costs() if exact else input_costs(model, kernel, seeds)
+        idle, weak = _weak_inputs(kernel, costs, threshold)
+        if idle.any():
+            kernel.drop_inputs_(torch.nonzero(idle).reshape(-1))  # asked as held: worth 0 nats
+        joint = evidence.joint_rise if exact else (lambda inputs: joint_cost(model, kernel, inputs, seeds))
+        weak = _jointly_weak(weak, costs, joint, level)
+        values = {} if weak.any() or not ask else _entries_worth_it(model, kernel, varying, entered, threshold,
+                                                                     seeds, evidence)
+    finally:
+        model.load_state_dict(state)
+        kernel.simplex_mask.copy_(mask)
+    return costs, idle, weak, values
+
+
+def _apply(kernel: torch.nn.Module, idle: torch.Tensor, weak: torch.Tensor, values: dict[int, float],
+           entered: list[int], ask: bool) -> bool:
+    """Hold the idle inputs at 0 (so no refit hands them a chance weight), drop the weak ones, re-enter
+    ``values``; whether the model changed (a refit is due).  Without ``ask`` only the idle inputs already
+    at 0 in the model are held."""
+    pi = kernel.simplex_weights.detach().reshape(-1).cpu()
+    changed = ask and bool(weak.any() or values or (idle & (pi > 0)).any())
+    drop = (idle | weak) if changed else idle & (pi == 0)
+    if not drop.any():
+        return changed
+    remaining = kernel.simplex_mask.reshape(-1).cpu() & ~drop
+    if not bool((pi[remaining] > 0).any()):
+        # The model's own fit put no weight where the draws' point does: start those inputs level.
+        with torch.no_grad():
+            kernel.simplex_weights[..., remaining.to(kernel.simplex_weights.device)] = 1.0 / int(remaining.sum())
+    kernel.drop_inputs_(torch.nonzero(drop).reshape(-1))
+    if changed and values:
+        _reenter(kernel, values)
+        entered += list(values)
+    return changed
+
+
+def _entries_worth_it(model: "FeatureGP", kernel: torch.nn.Module, varying: torch.Tensor, entered: list[int],
+                      threshold: float, seeds: Sequence[int], evidence: ClosedFormEvidence | None) -> dict[int, float]:
+    """The held inputs not asked before worth more than ``threshold`` on re-entry, with the γ_j each
+    re-enters at (of the kernel in closed form where ``evidence`` is given)."""
     held = ~kernel.simplex_mask.reshape(-1).cpu() & varying
     ask = [j for j in torch.nonzero(held).reshape(-1).tolist() if j not in entered]
     if not ask:
-        values = {}
-    elif evidence is not None:
-        values = _closed_form_entries(evidence, ask, threshold)
-    else:
-        values = _entries(model, kernel, ask, seeds, threshold)
-    if values:
-        _reenter(kernel, values)
-        entered += list(values)
-    return bool(values)
+        return {}
+    if evidence is not None:
+        return _closed_form_entries(evidence, ask, threshold)
+    return _entries(model, kernel, ask, seeds, threshold)
 
 
 def _kept_rows(model: "FeatureGP", y, validation_fraction, seed) -> torch.Tensor | None:
@@ -457,17 +498,15 @@ def _on_kept_rows(model: "FeatureGP", kept: torch.Tensor | None) -> Callable[[],
     return undo
 
 
-def _weak_inputs(kernel: torch.nn.Module, costs: torch.Tensor, threshold: float) -> torch.Tensor:
-    """The inputs in use worth less than ``threshold`` (never all of them); inputs at weight 0 not yet
-    held are held first: worth 0 nats, and no refit should hand them a chance weight."""
+def _weak_inputs(kernel: torch.nn.Module, costs: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs at weight 0 not yet held, and the inputs in use worth less than ``threshold`` (never all
+    of them)."""
     active = kernel.simplex_weights.detach().reshape(-1).cpu() > 0
     idle = kernel.simplex_mask.reshape(-1).cpu() & ~active
-    if bool(idle.any()):
-        kernel.drop_inputs_(torch.nonzero(idle).reshape(-1))
     weak = active & (costs < threshold)
     if bool(weak.any()) and bool(weak.eq(active).all()):  # never the last input
         weak[int(torch.argmax(torch.where(active, costs, torch.full_like(costs, -math.inf))))] = False
-    return weak
+    return idle, weak
 
 
 def joint_threshold(k: int, num_dims: int, level: float) -> float:
