@@ -3,11 +3,11 @@ kernel's random features: the point at which :func:`~alacarte.selection.select_i
 each input is worth on fresh draws."""
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from tqdm.auto import tqdm
 
 from ..training import negative_mll
 from ..training._optimization import Optimization
@@ -18,14 +18,6 @@ if TYPE_CHECKING:
 __all__ = ["fit_over_draws"]
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def set_postfix(self, **values) -> None:
-        pass
-
-
 class _OverDraws(Optimization):
     """An :class:`~alacarte.training._optimization.Optimization` of the mean loss over the feature draws
     ``seeds`` of ``kernel`` (π by its projected-gradient step, the rest by L-BFGS, as :func:`~alacarte.fit`)."""
@@ -33,7 +25,7 @@ class _OverDraws(Optimization):
     def __init__(self, model: "FeatureGP", kernel: torch.nn.Module, seeds: Sequence[int], max_iter: int,
                  tolerance: float):
         (x,), y = model.train_inputs, model.train_targets
-        super().__init__(model, x, y, "lbfgs", max_iter, None, tolerance, _NoBar())
+        super().__init__(model, x, y, "lbfgs", max_iter, None, tolerance, tqdm(disable=True))
         self.kernel, self.seeds = kernel, list(seeds)
 
     def _loss(self, backward: bool):
@@ -44,7 +36,7 @@ class _OverDraws(Optimization):
         simplex = list(self.simplex.parameters)
         value, slopes = 0.0, [torch.zeros_like(p) for p in simplex]
         for seed in self.seeds:
-            with self.kernel.redrawn(seed), (contextlib.nullcontext() if backward or graph else torch.no_grad()):
+            with self.kernel.redrawn(seed):
                 loss = negative_mll(self.model, self.x, self.y, backward=False, mll=self.mll) / len(self.seeds)
                 if backward:
                     loss.backward()
