@@ -408,12 +408,10 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
 def _decide(model: "FeatureGP", kernel: torch.nn.Module, seeds: list[int], exact: bool, seed: int | None,
             threshold: float, level: float, refit_iter: int, varying: torch.Tensor, entered: list[int],
             ask: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[int, float]]:
-    """One round's questions: the inputs' costs; the inputs at weight 0 not yet held; the weak inputs to
-    drop; with none to drop (and ``ask``), the held inputs not asked before (``entered``) worth re-entry,
-    with the γ_j each re-enters at.  With fresh draws ``seeds`` they are read at a point fitted to the
-    mean likelihood over those draws (``refit_iter`` iterations), where the costs are the rise from an
-    optimum of what they measure; the model is left as it was.  ``exact``: of the kernel in closed form
-    (``seed``: its rows')."""
+    """One round's questions: the costs, the idle inputs (at 0, not yet held), the weak ones to drop and,
+    with none (and ``ask``), the held inputs not asked before worth re-entry, with their γ_j.  With fresh
+    draws ``seeds`` all are read at a point fitted to their mean likelihood (``refit_iter`` iterations),
+    where a cost is a rise from an optimum; the model is left as it was."""
     state, mask = copy.deepcopy(model.state_dict()), kernel.simplex_mask.clone()
     try:
         if seeds:
@@ -441,14 +439,13 @@ def _apply(kernel: torch.nn.Module, idle: torch.Tensor, weak: torch.Tensor, valu
     pi = kernel.simplex_weights.detach().reshape(-1).cpu()
     changed = ask and bool(weak.any() or values or (idle & (pi > 0)).any())
     drop = (idle | weak) if changed else idle & (pi == 0)
-    if not drop.any():
-        return changed
     remaining = kernel.simplex_mask.reshape(-1).cpu() & ~drop
-    if not bool((pi[remaining] > 0).any()):
+    if drop.any() and not bool((pi[remaining] > 0).any()):
         # The model's own fit put no weight where the draws' point does: start those inputs level.
         with torch.no_grad():
             kernel.simplex_weights[..., remaining.to(kernel.simplex_weights.device)] = 1.0 / int(remaining.sum())
-    kernel.drop_inputs_(torch.nonzero(drop).reshape(-1))
+    if drop.any():
+        kernel.drop_inputs_(torch.nonzero(drop).reshape(-1))
     if changed and values:
         _reenter(kernel, values)
         entered += list(values)
@@ -457,8 +454,7 @@ def _apply(kernel: torch.nn.Module, idle: torch.Tensor, weak: torch.Tensor, valu
 
 def _entries_worth_it(model: "FeatureGP", kernel: torch.nn.Module, varying: torch.Tensor, entered: list[int],
                       threshold: float, seeds: Sequence[int], evidence: ClosedFormEvidence | None) -> dict[int, float]:
-    """The held inputs not asked before worth more than ``threshold`` on re-entry, with the γ_j each
-    re-enters at (of the kernel in closed form where ``evidence`` is given)."""
+    """The held inputs not in ``entered`` worth more than ``threshold`` on re-entry, with their γ_j."""
     held = ~kernel.simplex_mask.reshape(-1).cpu() & varying
     ask = [j for j in torch.nonzero(held).reshape(-1).tolist() if j not in entered]
     if not ask:
