@@ -346,8 +346,8 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
             features (:meth:`~alacarte.kernels.base.FeatureKernel.redrawn`) at a point fitted to
             their mean likelihood (:func:`fit_over_draws`, ``refit_iter`` iterations from the
             model's own fit, which the model keeps) and uses the mean cost and the mean re-entry
-            gain (of the held inputs that gain on the first fresh draw).  A weight fitted on one finite draw can fit that draw's chance
-            features, a gain that a fresh draw does not repeat.  ``"exact"``, for a kernel whose
+            gain (of the held inputs that gain on the first fresh draw).  A weight fitted on one
+            finite draw can fit that draw's chance features, a gain a fresh draw does not repeat.  ``"exact"``, for a kernel whose
             features approximate the RBF/ARD kernel (``rbf_limit``: Fastfood RBF, random kitchen
             sinks), asks that kernel in closed form (:class:`ClosedFormEvidence`, on up to
             :data:`EXACT_ROWS` rows).  ``"auto"`` (default): :data:`FRESH_DRAWS` where the kernel
