@@ -1,6 +1,11 @@
 """The selection tests' shared problem — y = sin(2x₀) + cos(2x₁) + N(0, 0.1²) on standard-normal inputs,
 of which only the first two are used — and an exhaustive reference for the simplex projection."""
+import copy
+
 import numpy as np
+import torch
+
+import alacarte as ac
 
 
 def two_sines_mean(x: np.ndarray) -> np.ndarray:
@@ -29,3 +34,19 @@ def exhaustive_projection(v: np.ndarray, size: float) -> np.ndarray:
         if (v[support] - tau >= -slack).all() and (v[~support] <= tau + slack).all():
             return np.where(support, np.maximum(v - tau, 0.0), 0.0)
     raise AssertionError("no support satisfies the KKT conditions")
+
+
+def built_with(model, seed: int):
+    """A copy of ``model`` (a 5-input FSARD simplex GP with D = 32) whose kernel's random buffers are those a
+    kernel built with ``seed`` draws: an independent reference for a fresh feature draw."""
+    other = copy.deepcopy(model)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # drawn in float64, as the buffers it replaces are
+    try:
+        fresh = ac.FSARDKernel(5, 32, ard_num_dims=5, simplex=True, seed=seed)
+    finally:
+        torch.set_default_dtype(default)
+    with torch.no_grad():
+        for name in ("perm", "sign", "gauss"):
+            getattr(other.covar_module, name).copy_(getattr(fresh, name))
+    return other

@@ -8,6 +8,7 @@ import torch
 import alacarte as ac
 from alacarte.selection._over_draws import _OverDraws, fit_over_draws
 from alacarte.training import negative_mll
+from selection_cases import built_with
 
 
 def _fitted(seed: int = 2):
@@ -18,21 +19,6 @@ def _fitted(seed: int = 2):
     model = ac.FeatureGP(None, None, kernel).double()
     ac.fit(model, x, y, max_iter=30, restarts=0, progress=False, seed=0)
     return model, kernel
-
-
-def _built_with(model, seed: int):
-    """A copy of ``model`` whose kernel's random buffers are those a kernel built with ``seed`` draws."""
-    other = copy.deepcopy(model)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # drawn in float64, as the buffers it replaces are
-    try:
-        fresh = ac.FSARDKernel(5, 32, ard_num_dims=5, simplex=True, seed=seed)
-    finally:
-        torch.set_default_dtype(default)
-    with torch.no_grad():
-        for name in ("perm", "sign", "gauss"):
-            getattr(other.covar_module, name).copy_(getattr(fresh, name))
-    return other
 
 
 def _loss_and_grads(model):
@@ -49,7 +35,7 @@ def test_the_objective_is_the_mean_over_models_built_with_those_seeds(single_thr
     model, kernel = _fitted()
     own = {name: buffer.clone() for name, buffer in kernel.named_buffers()}
     seeds = [11, 12, 13]
-    references = [_loss_and_grads(_built_with(model, seed)) for seed in seeds]
+    references = [_loss_and_grads(built_with(model, seed)) for seed in seeds]
     mean_loss = sum(loss for loss, _ in references) / len(seeds)
     mean_grads = [sum(grads[i] for _, grads in references) / len(seeds) for i in range(len(references[0][1]))]
     objective = _OverDraws(model, kernel, seeds, max_iter=1, tolerance=0.0)
@@ -77,7 +63,7 @@ def test_fit_over_draws_lowers_the_mean_over_those_draws_and_keeps_the_models_dr
     seeds = [11, 12, 13]
 
     def mean_over_seeds(m):
-        results = [_loss_and_grads(_built_with(m, seed)) for seed in seeds]
+        results = [_loss_and_grads(built_with(m, seed)) for seed in seeds]
         grads = [sum(g[i] for _, g in results) / len(seeds) for i in range(len(results[0][1]))]
         return sum(loss for loss, _ in results) / len(seeds), grads
 
@@ -113,7 +99,7 @@ def test_select_inputs_asks_at_the_draws_optimum_and_leaves_the_model_its_own_fi
     names = [name for name, _ in model.named_parameters()]
 
     def steepest(m) -> float:
-        results = [_loss_and_grads(_built_with(m, seed)) for seed in seeds]
+        results = [_loss_and_grads(built_with(m, seed)) for seed in seeds]
         grads = [sum(g[i] for _, g in results) for i in range(len(names))]
         return max(float(g.abs().max()) / len(seeds) for name, g in zip(names, grads)
                    if name != "covar_module.simplex_weights")

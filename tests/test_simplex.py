@@ -10,7 +10,7 @@ import torch
 
 import alacarte as ac
 from kernel_cases import FeatureKernelTestCase
-from selection_cases import exhaustive_projection, two_sines, two_sines_mean
+from selection_cases import built_with, exhaustive_projection, two_sines, two_sines_mean
 
 
 # -- simplex-ARD kernels: the shared kernel tests, with ℓ = 1/γ -----------------------------
@@ -317,8 +317,6 @@ def test_select_inputs_keeps_exactly_the_inputs_the_function_uses(seed, draws, s
 def test_input_costs_on_fresh_draws_are_the_mean_over_kernels_built_with_those_seeds(single_thread):
     """input_costs(draws=seeds) equals the mean of the costs of models whose kernels were built
     with those seeds and given the fitted parameters; the model's own draw is untouched."""
-    import copy
-
     from alacarte.selection.evidence import input_costs
 
     rng = np.random.default_rng(1)
@@ -330,16 +328,7 @@ def test_input_costs_on_fresh_draws_are_the_mean_over_kernels_built_with_those_s
     own = input_costs(model, kernel)
     reference = []
     for seed in (11, 12):
-        other = copy.deepcopy(model)
-        default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.float64)  # drawn in float64, as the buffers it replaces are
-        try:
-            fresh = ac.FSARDKernel(5, 32, ard_num_dims=5, simplex=True, seed=seed)
-        finally:
-            torch.set_default_dtype(default)
-        with torch.no_grad():
-            for name in ("perm", "sign", "gauss"):
-                getattr(other.covar_module, name).copy_(getattr(fresh, name))
+        other = built_with(model, seed)
         reference.append(input_costs(other, other.covar_module))
     assert torch.allclose(input_costs(model, kernel, [11, 12]), (reference[0] + reference[1]) / 2, rtol=1e-9, atol=1e-9)
     assert torch.equal(input_costs(model, kernel), own)
