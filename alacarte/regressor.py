@@ -27,7 +27,8 @@ from .kernels import FeatureKernel
 from ._standardized import Prediction
 from .models import FeatureGP
 from .replicates import Replicates
-from .selection.evidence import SelectionFrequency, select_inputs, simplex_kernel
+from .selection.evidence import select_inputs, simplex_kernel
+from .selection.frequency import SelectionFrequency
 from .training import FitHistory, current_loss, fit
 
 __all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score", "choose_components",

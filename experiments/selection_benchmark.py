@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.datasets import make_se1, make_se2, make_se3  # noqa: E402
-from alacarte.selection.evidence import select_inputs, selection_frequency  # noqa: E402
+from alacarte.selection import select_inputs, selection_frequency  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 COLUMNS = ["problem", "n", "method", "replication", "rmse", "nlpd", "coverage95", "selected", "relevance",

@@ -2,7 +2,8 @@
 kernels, and estimators that learn which inputs matter — SRFF, RFFNet and the
 derivative-based method of Rosasco et al."""
 from .derivative import DerivativeSelector
-from .evidence import ClosedFormEvidence, InputSelection, SelectionFrequency, select_inputs, selection_frequency
+from .evidence import ClosedFormEvidence, InputSelection, select_inputs
+from .frequency import SelectionFrequency, selection_frequency
 from .rffnet import RFFNetClassifier, RFFNetRegressor
 from .simplex import SimplexStep, project_to_simplex
 from .srff import SRFFRegressor

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,7 +53,7 @@ from ._over_draws import fit_over_draws
 if TYPE_CHECKING:
     from ..models import FeatureGP
 
-__all__ = ["select_inputs", "InputSelection", "ClosedFormEvidence", "selection_frequency", "SelectionFrequency"]
+__all__ = ["select_inputs", "InputSelection", "ClosedFormEvidence"]
 
 
 @dataclass
@@ -385,17 +385,18 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     seeds = [] if exact else fresh_seeds(kernel, int(draws))
     if seeds:
         kernel._draw_buffers(seeds[0])  # refuses a kernel with a learned random state before any work
-    varying = varying_columns(model.train_inputs[0]).reshape(-1).cpu()
+    questions = _Questions(seeds, exact, seed, threshold, level, refit_iter,
+                           varying_columns(model.train_inputs[0]).reshape(-1).cpu())
     rounds, entered = 0, []
     while True:
+        ask = rounds < max_rounds
         undo = _on_kept_rows(model, kept)
         try:
-            costs, idle, weak, values = _decide(model, kernel, seeds, exact, seed, threshold, level, refit_iter,
-                                                varying, entered, ask=rounds < max_rounds)
+            costs, idle, weak, values = _decide(model, kernel, questions, entered, ask)
         except BaseException:
             undo()
             raise
-        if not _apply(kernel, idle, weak, values, entered, rounds < max_rounds):
+        if not _apply(kernel, idle, weak, values, entered, ask):
             undo()
             break
         # The refit starts from the likelihood's σ² and σ_f² on the kept rows and sets the band again.
@@ -405,26 +406,40 @@ def select_inputs(model: "FeatureGP", x, y, *, level: float = 0.05, refit_iter: 
     return InputSelection(kernel.selected().cpu(), costs, threshold, rounds, entered)
 
 
-def _decide(model: "FeatureGP", kernel: torch.nn.Module, seeds: list[int], exact: bool, seed: int | None,
-            threshold: float, level: float, refit_iter: int, varying: torch.Tensor, entered: list[int],
+@dataclass(frozen=True)
+class _Questions:
+    """How :func:`select_inputs` asks: on the fresh draws ``seeds`` or the kernel in closed form (``exact``,
+    its subsample from ``seed``), against ``threshold`` and the χ² tail ``level``, after ``refit_iter``
+    iterations over the draws; ``varying``: the inputs not constant on the rows."""
+
+    seeds: list[int]
+    exact: bool
+    seed: int | None
+    threshold: float
+    level: float
+    refit_iter: int
+    varying: torch.Tensor
+
+
+def _decide(model: "FeatureGP", kernel: torch.nn.Module, q: _Questions, entered: list[int],
             ask: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[int, float]]:
     """One round's questions: the costs, the idle inputs (at 0, not yet held), the weak ones to drop and,
     with none (and ``ask``), the held inputs not asked before worth re-entry, with their γ_j.  With fresh
-    draws ``seeds`` all are read at a point fitted to their mean likelihood (``refit_iter`` iterations),
-    where a cost is a rise from an optimum; the model is left as it was."""
+    draws all are read at a point fitted to their mean likelihood, where a cost is a rise from an
+    optimum; the model is left as it was."""
     state, mask = copy.deepcopy(model.state_dict()), kernel.simplex_mask.clone()
     try:
-        if seeds:
-            fit_over_draws(model, kernel, seeds, refit_iter)
-        evidence = ClosedFormEvidence(model, kernel, seed) if exact else None
-        costs = evidence.costs() if exact else input_costs(model, kernel, seeds)
-        idle, weak = _weak_inputs(kernel, costs, threshold)
+        if q.seeds:
+            fit_over_draws(model, kernel, q.seeds, q.refit_iter)
+        evidence = ClosedFormEvidence(model, kernel, q.seed) if q.exact else None
+        costs = evidence.costs() if q.exact else input_costs(model, kernel, q.seeds)
+        idle, weak = _weak_inputs(kernel, costs, q.threshold)
         if idle.any():
             kernel.drop_inputs_(torch.nonzero(idle).reshape(-1))  # asked as held: worth 0 nats
-        joint = evidence.joint_rise if exact else (lambda inputs: joint_cost(model, kernel, inputs, seeds))
-        weak = _jointly_weak(weak, costs, joint, level)
-        values = {} if weak.any() or not ask else _entries_worth_it(model, kernel, varying, entered, threshold,
-                                                                     seeds, evidence)
+        joint = evidence.joint_rise if q.exact else (lambda inputs: joint_cost(model, kernel, inputs, q.seeds))
+        weak = _jointly_weak(weak, costs, joint, q.level)
+        values = {} if weak.any() or not ask else _entries_worth_it(model, kernel, q.varying, entered,
+                                                                     q.threshold, q.seeds, evidence)
     finally:
         model.load_state_dict(state)
         kernel.simplex_mask.copy_(mask)
@@ -525,76 +540,3 @@ def _jointly_weak(weak: torch.Tensor, costs: torch.Tensor, joint: Callable[[list
     kept = torch.zeros_like(weak)
     kept[order[:k]] = True
     return kept
-
-
-@dataclass
-class SelectionFrequency:
-    """What :func:`selection_frequency` found over its feature draws.
-
-    Attributes:
-        frequency: per input, the share of draws that kept it (d,).
-        selections: per draw, the indices of the inputs it kept.
-        seeds: the draws' seeds, in the order of ``selections``.
-    """
-
-    frequency: torch.Tensor
-    selections: list[torch.Tensor]
-    seeds: list[int]
-
-    @classmethod
-    def of(cls, selections: list[torch.Tensor], seeds: list[int], num_dims: int) -> "SelectionFrequency":
-        """The frequencies of ``selections`` (one per seed) over ``num_dims`` inputs."""
-        counts = torch.zeros(num_dims, dtype=torch.float64)
-        for chosen in selections:
-            counts[chosen] += 1
-        return cls(counts / len(selections), selections, seeds)
-
-    def stable(self, at_least: float = 0.8) -> torch.Tensor:
-        """The inputs kept by at least the share ``at_least`` of the draws (default 4 of 5)."""
-        return torch.nonzero(self.frequency >= at_least - 1e-12).reshape(-1)
-
-
-def selection_frequency(build: Callable[[int], "FeatureGP"], x, y, *, seeds: Iterable[int] = range(5),
-                        level: float = 0.05, **fit_options) -> SelectionFrequency:
-    """Fit and :func:`select_inputs` once per seed, each with its own feature draw; how often each input is kept.
-
-    Which inputs a finite feature map keeps can depend on its random draw; an input kept on every
-    draw is one the data ask for, an input kept on some is one to distrust.
-
-    Args:
-        build: ``build(seed)`` returns an unfitted :class:`~alacarte.FeatureGP` with one simplex
-            kernel whose random features are drawn from ``seed``.
-        x, y: the training data.
-        seeds: one draw per seed (at least one).
-        level: as for :func:`select_inputs`.
-        **fit_options: passed to :func:`alacarte.fit` (whose ``seed`` is each draw's).
-
-    Returns:
-        A :class:`SelectionFrequency`.
-
-    Example:
-        >>> import numpy as np
-        >>> import alacarte as ac
-        >>> from alacarte.selection import selection_frequency
-        >>> rng = np.random.default_rng(0)
-        >>> x = rng.standard_normal((200, 4))
-        >>> y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(200)
-        >>> build = lambda seed: ac.FeatureGP(None, None, ac.FSARDKernel(4, 16, ard_num_dims=4, simplex=True,
-        ...                                                             seed=seed)).double()
-        >>> found = selection_frequency(build, x, y, seeds=[0, 1], max_iter=10, restarts=0, progress=False)
-        >>> found.frequency.shape
-        torch.Size([4])
-    """
-    seeds = [int(s) for s in seeds]
-    if not seeds:
-        raise ValueError("seeds must hold at least one seed")
-    if "seed" in fit_options:
-        raise ValueError("each draw's fit takes the draw's seed: give seeds=[...], not seed")
-    fit_options.setdefault("progress", False)
-    selections = []
-    for seed in seeds:
-        model = build(seed)
-        fit(model, x, y, seed=seed, **fit_options)
-        fraction = fit_options.get("validation_fraction", "auto")
-        selections.append(select_inputs(model, x, y, level=level, seed=seed, validation_fraction=fraction).selected)
-    return SelectionFrequency.of(selections, seeds, simplex_kernel(model).num_dims)
