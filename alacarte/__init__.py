@@ -19,7 +19,7 @@ from .mll import WoodburyMarginalLogLikelihood
 from .models import ExactRBFGP, FeatureGP
 from .regressor import AlaCarteRegressor
 from .selection import DerivativeSelector, RFFNetClassifier, RFFNetRegressor, SRFFRegressor
-from .training import fit
+from .training import fit, fit_pilot
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,7 @@ __all__ = [
     "ExactRBFGP",
     "WoodburyMarginalLogLikelihood",
     "fit",
+    "fit_pilot",
     "AlaCarteRegressor",
     "SRFFRegressor",
     "list_uci",

@@ -202,6 +202,10 @@ def _fit(args: argparse.Namespace) -> int:
     check_seed(args.seed, "--seed")
     check_fraction(args.validation_fraction)
     check_simplex_name(args.kernel, args.select, "--select")
+    if args.pilot_rows is not None:
+        check_positive_int(args.pilot_rows, "--pilot-rows")
+        if args.select:
+            raise ValueError("--pilot-rows and --select do not combine: the selection refits on every row")
     names, table = read_table(args.data)
     if args.target not in names:
         raise ValueError(f"{args.data} has no target column {args.target!r} (columns: {', '.join(names)})")
@@ -217,7 +221,7 @@ def _fit(args: argparse.Namespace) -> int:
         args.kernel, num_samples=args.num_samples, num_components=args.num_components, num_draws=args.num_draws,
         max_iter=args.max_iter, restarts=args.restarts, restart_iter=args.restart_iter, random_state=args.seed,
         progress=not args.quiet, validation_fraction=args.validation_fraction, replicates=args.replicates,
-        select=args.select,
+        select=args.select, pilot_rows=args.pilot_rows,
     )
     start = time.perf_counter()
     reg.fit(x, y)
@@ -368,6 +372,10 @@ def _add_fit(commands, common) -> None:
                           "marginal likelihood does not need held at exactly 0 after each draw's fit; reports the "
                           f"inputs kept by at least 4 in 5 draws (kernels: {', '.join(SIMPLEX_KERNEL_NAMES)}; "
                           "docs/variable_selection.md)")
+    cmd.add_argument("--pilot-rows", type=int, default=default["pilot_rows"],
+                     help="fit the hyperparameters on this many rows with D = 1024 features, then condition the "
+                          "model (--num-samples) on every row: for large data, with more features (gm, pwl, "
+                          "fastfood-ard, fastfood-rbf, rks; default: every row)")
     cmd.set_defaults(run=_fit)
 
 

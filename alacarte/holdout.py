@@ -212,14 +212,17 @@ class HeldOut:
         return self.y - (self.y - mean) / keep, posterior.noise / keep
 
     @torch.no_grad()
-    def _all_rows(self) -> tuple[SufficientStatistics, Tensor] | None:
-        """All rows' statistics and the held-out rows' features at the current parameters (``None``
-        for a model without explicit features, an exact GP)."""
+    def _all_rows(self, statistics: SufficientStatistics | None = None) -> tuple[SufficientStatistics, Tensor] | None:
+        """All rows' statistics (``statistics`` where given) and the held-out rows' features at the current
+        parameters (``None`` for a model without explicit features, an exact GP)."""
         features = getattr(self.model.covar_module, "features", None)
         if features is None:
             return None
         phi = features(self.x)
-        return training_statistics(self.model) + sufficient_statistics(phi, self.y - self.model.mean_module(self.x)), phi
+        if statistics is None:
+            held = sufficient_statistics(phi, self.y - self.model.mean_module(self.x))
+            statistics = training_statistics(self.model) + held
+        return statistics, phi
 
     @torch.no_grad()
     def calibration_predictive(self) -> tuple[Tensor, Tensor]:
@@ -257,24 +260,46 @@ class HeldOut:
             (σ², s*) as set, or ``None`` when the noise or the signal variance is not trained
             (``requires_grad`` off) and the model is left alone.
         """
-        noise_covar = self.model.likelihood.noise_covar
-        signal = signal_variance_parameter(self.model)
-        if not noise_covar.raw_noise.requires_grad or signal is None or not signal[0].requires_grad:
+        if not self._band_trained():
             return None
+        noise_covar = self.model.likelihood.noise_covar
         floor = noise_covar.raw_noise_constraint.lower_bound.clone()
         low = max(_NOISE_RANGE[0], 2 * float(floor.max()))
         high = min(_NOISE_RANGE[1], float(noise_covar.raw_noise_constraint.upper_bound))
         measure = self.calibration_score()
         best = self._search(measure, low, high, (measure()[0], float(self.model.likelihood.noise.min())))
-        relaxed = floor.clamp_max(_NOISE_RANGE[0] / 2)
         below = low > _NOISE_RANGE[0] and math.log(best[1] / low) < _AT_BOUND
         if below:  # the search ended on the likelihood's floor: the held-out rows may want less
-            _set_noise_bound(self.model, relaxed, best[1])
+            _set_noise_bound(self.model, floor.clamp_max(_NOISE_RANGE[0] / 2), best[1])
             best = self._search(measure, _NOISE_RANGE[0], low, best)
         set_noise(self.model, best[1])
-        scale = measure()[1]
-        value = best[1] * scale
-        _set_noise_bound(self.model, relaxed if below and value < 2 * float(floor.max()) else floor, value)
+        return self._scaled(measure()[1], best[1], floor, below)
+
+    @torch.no_grad()
+    def rescale(self, statistics: SufficientStatistics | None = None) -> tuple[float, float] | None:
+        """Multiply σ_f² and σ² by the held-out rows' s* at the model's σ², each row of a feature GP
+        predicted from all other rows (:meth:`calibration_score`): :meth:`calibrate` without its search on
+        σ², so one factorisation instead of one per σ² tried.  ``statistics``: every row's, kept and held
+        out, at the current parameters, where the caller has them.  Returns and refuses as :meth:`calibrate`."""
+        if not self._band_trained():
+            return None
+        floor = self.model.likelihood.noise_covar.raw_noise_constraint.lower_bound.clone()
+        rows = self._all_rows(statistics)
+        scale = (self.score_and_scale() if rows is None else self._scored(lambda: self._leave_one_out(*rows)))[1]
+        return self._scaled(scale, float(self.model.likelihood.noise.min()), floor, True)
+
+    def _band_trained(self) -> bool:
+        """Whether the noise and the signal variance are trained (``requires_grad``): else the band is the user's."""
+        signal = signal_variance_parameter(self.model)
+        return bool(self.model.likelihood.noise_covar.raw_noise.requires_grad and signal is not None
+                    and signal[0].requires_grad)
+
+    def _scaled(self, scale: float, noise: float, floor: Tensor, relax: bool) -> tuple[float, float]:
+        """Set σ² to ``noise``·``scale`` and multiply σ_f² by ``scale``; with ``relax``, below the
+        constraint's ``floor`` if the value asks it (down to 5e-7)."""
+        value = noise * scale
+        relaxed = floor.clamp_max(_NOISE_RANGE[0] / 2)
+        _set_noise_bound(self.model, relaxed if relax and value < 2 * float(floor.max()) else floor, value)
         scale_signal(self.model, scale)
         return float(self.model.likelihood.noise.min()), scale
 

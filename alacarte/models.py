@@ -28,7 +28,7 @@ from .exact import ExactRBFGP
 from .kernels.base import FeatureKernel
 from .mll import homoskedastic_noise
 from .streaming import as_chunked_data, streamed_statistics
-from .woodbury import WoodburyPosterior, sufficient_statistics
+from .woodbury import SufficientStatistics, WoodburyPosterior, sufficient_statistics
 
 __all__ = ["Prediction", "FeatureGP", "ExactRBFGP", "FunctionSamples"]
 
@@ -209,17 +209,10 @@ class FeatureGP(StandardizedGP):
             # (gradients w.r.t. test inputs); detached as GPyTorch detaches an ExactGP's test caches.
             detach = not self.training and gpytorch.settings.detach_test_caches.on()
             with torch.no_grad() if detach else contextlib.nullcontext():
-                (x,) = self.train_inputs
-                r = self.train_targets - self.mean_module(x)
                 # Without a graph to keep, the statistics are summed over predict's chunks of rows: the features
                 # of all n rows at once are n×D (625 MB for 160 000 rows and 512 features, also in a process
                 # that only loads a model and predicts).
-                n = x.shape[-2]
-                rows = self.chunk_rows() if detach else max(n, 1)
-                # (No rows at all still give the prior's statistics, as one product over them would.)
-                stats = functools.reduce(operator.add, (
-                    sufficient_statistics(self.covar_module.features(x[..., s : s + rows, :]), r[..., s : s + rows])
-                    for s in range(0, n, rows) or [0]))
+                stats = self._statistics(self.chunk_rows() if detach else None)
                 posterior = WoodburyPosterior(stats, homoskedastic_noise(self.likelihood))
             if self.training:
                 return posterior
@@ -229,6 +222,30 @@ class FeatureGP(StandardizedGP):
     def _keep_posterior(self, posterior: WoodburyPosterior) -> None:
         """Cache ``posterior`` as computed from the model's current parameters and buffers."""
         self._posterior, self._posterior_parameters = posterior, self._parameter_snapshot()
+
+    def _statistics(self, rows: int | None) -> SufficientStatistics:
+        """The training rows' ΦᵀΦ, Φᵀr, rᵀr and n, summed over chunks of ``rows`` rows (``None``: at once)."""
+        (x,) = self.train_inputs
+        r = self.train_targets - self.mean_module(x)
+        n = x.shape[-2]
+        rows = max(n, 1) if rows is None else rows
+        # (No rows at all still give the prior's statistics, as one product over them would.)
+        return functools.reduce(operator.add, (
+            sufficient_statistics(self.covar_module.features(x[..., s : s + rows, :]), r[..., s : s + rows])
+            for s in range(0, n, rows) or [0]))
+
+    @torch.no_grad()
+    def training_statistics(self) -> SufficientStatistics:
+        """The training rows' :class:`~alacarte.woodbury.SufficientStatistics` at the current parameters,
+        summed over chunks within the memory budget."""
+        return self._statistics(self.chunk_rows())
+
+    def condition_on(self, statistics: SufficientStatistics) -> None:
+        """Predict from the posterior of ``statistics`` — the training rows', at the current parameters,
+        e.g. :meth:`training_statistics` — until a parameter changes or the model trains again, instead of
+        a pass over the rows.  Puts the model in eval mode."""
+        self.eval()
+        self._keep_posterior(WoodburyPosterior(statistics, homoskedastic_noise(self.likelihood)))
 
     @torch.no_grad()
     def cache_posterior(self, x, y=None, *, chunk_size: int | None = None, memory_budget: int | None = None,

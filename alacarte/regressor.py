@@ -29,7 +29,7 @@ from .models import FeatureGP
 from .replicates import Replicates
 from .selection.evidence import select_inputs, simplex_kernel
 from .selection.frequency import SelectionFrequency
-from .training import FitHistory, current_loss, fit
+from .training import FitHistory, current_loss, fit, fit_pilot
 
 __all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score", "choose_components",
            "lowest_score"]
@@ -124,6 +124,12 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             ``validation_fraction``): a named ARD kernel (``"fsard"``, ``"fsgbard"``, ``"fastfood-ard"``,
             ``"pwl"``, ``"rks"``) is built with its inverse lengthscales on the simplex; a kernel object
             must have been built with ``simplex=True``.
+        pilot_rows: fit the hyperparameters on a pilot of this many rows with D = 1 024 features and
+            condition the model, with its ``num_samples`` frequencies, on every row
+            (:func:`alacarte.fit_pilot`; docs/mathematics.md, "Pilot fits"): for large n, with many
+            features (kin40k, GM at D = 4 096: 0.07 test RMSE in 131 CPU s, against 0.14 in 154 s for
+            a whole fit at D = 512).  ``None`` (default): fit on every row.  Not with ``select``, nor for
+            kernels that learn a value per frequency (FSARD, FSGBARD, SSGPR) or the exact GPs.
         random_state: seed of the kernel's random state and of the restarts
             (an int, ``None`` or a ``numpy.random.RandomState``).
         progress: show a progress bar while fitting.
@@ -199,6 +205,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         validation_fraction: float | str = _FIT["validation_fraction"],
         replicates: bool = True,
         select: bool = False,
+        pilot_rows: int | None = None,
         random_state: int | np.random.RandomState | None = _FIT["seed"],
         progress: bool = False,
     ):
@@ -213,6 +220,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self.validation_fraction = validation_fraction
         self.replicates = replicates
         self.select = select
+        self.pilot_rows = pilot_rows
         self.random_state = random_state
         self.progress = progress
 
@@ -257,6 +265,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         replicates = check_bool(self.replicates, "replicates")
         if select and isinstance(self.kernel, str):
             check_simplex_name(self.kernel, True, "select=True")
+        if self.pilot_rows is not None:
+            check_positive_int(self.pilot_rows, "pilot_rows")
+            if select:
+                raise ValueError("pilot_rows and select=True do not combine: select_inputs refits on every row")
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
         one_fit = component_candidates(self.num_components, self.kernel, self.num_samples)
         first = self._build_model(X.shape[1], seed, one_fit[0])
@@ -302,11 +314,13 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         models, histories = [], []
         for k, draw_seed in enumerate(seeds):
             models.append(self._build_model(x.shape[1], draw_seed, num_components, redraw=k > 0))
-            histories.append(fit(
-                models[-1], x, y, optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
-                restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
-                validation_fraction=self.validation_fraction,
-            ))
+            settings = dict(optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
+                            restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
+                            validation_fraction=self.validation_fraction)
+            if self.pilot_rows is None:
+                histories.append(fit(models[-1], x, y, **settings))
+            else:
+                histories.append(fit_pilot(models[-1], x, y, rows=self.pilot_rows, **settings))
             if select:
                 select_inputs(models[-1], x, y, seed=draw_seed, validation_fraction=self.validation_fraction)
         return models, histories

@@ -4,6 +4,10 @@
         --datasets pol kin40k --kernels fsard gm --num-samples 256 --rounds 1
     python experiments/time_to_accuracy.py report OUT.jsonl
 
+``--pilot NAME=M``: the tree NAME fits by ``alacarte.fit_pilot`` instead, its model with M frequencies
+(D = 2M) on every row; its rows are reported in the cell of the reference's D.  The CPU seconds then
+include the posterior on every row (one prediction inside the clock), for every tree of the run.
+
 Each tree is a source snapshot of the package (e.g. ``git archive <commit>`` unpacked); every fit runs in
 a fresh process with that tree first on ``sys.path``, one thread, ``alacarte.fit``'s defaults on UCI
 split 0 (seed 0).  The trees take turns within each (round, dataset, kernel) cell, so a change of load
@@ -38,12 +42,18 @@ import numpy as np
 import alacarte as ac
 from alacarte.factory import make_model
 dataset, kernel, num_samples, predictions = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+pilot, posterior = int(sys.argv[5]), sys.argv[6] == "1"
 data = ac.load_uci(dataset, 0, None)
-model = make_model(kernel, data.x_train.shape[1], num_samples=num_samples, seed=0).double()
+model = make_model(kernel, data.x_train.shape[1], num_samples=pilot or num_samples, seed=0).double()
 start = time.process_time()
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    history = ac.fit(model, data.x_train, data.y_train, seed=0, progress=False)
+    if pilot:
+        history = ac.fit_pilot(model, data.x_train, data.y_train, seed=0, progress=False)
+    else:
+        history = ac.fit(model, data.x_train, data.y_train, seed=0, progress=False)
+    if posterior:
+        model.predict(data.x_test[:1])
 seconds = time.process_time() - start
 pred = model.predict(data.x_test)
 np.savez(predictions, mean=pred.mean.detach().numpy(), variance=pred.observed_variance.detach().numpy(),
@@ -52,14 +62,15 @@ print(json.dumps({"cpu_seconds": round(seconds, 1), "iterations": history.iterat
 """
 
 
-def fit_in(tree: str, dataset: str, kernel: str, num_samples: int) -> dict:
+def fit_in(tree: str, dataset: str, kernel: str, num_samples: int, pilot: int = 0, posterior: bool = False) -> dict:
     """Fit in a fresh process on ``tree``; its test predictions are scored here, by this tree's
     :func:`predictive_scores`, so that trees older than that function are scored alike."""
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as folder:
         predictions = os.path.join(folder, "predictions.npz")
         # In the tree's folder: ``python -c`` puts the working directory first on sys.path.
-        done = subprocess.run([sys.executable, "-c", WORKER, dataset, kernel, str(num_samples), predictions],
+        done = subprocess.run([sys.executable, "-c", WORKER, dataset, kernel, str(num_samples), predictions,
+                               str(pilot), str(int(posterior))],
                               env=env, cwd=tree, capture_output=True, text=True, check=True)
         with np.load(predictions) as p:
             scores = predictive_scores(*(torch.as_tensor(p[k]) for k in ("mean", "variance", "y")))
@@ -68,6 +79,7 @@ def fit_in(tree: str, dataset: str, kernel: str, num_samples: int) -> dict:
 
 def run(args) -> None:
     trees = dict(t.split("=", 1) for t in args.trees)
+    pilots = {name: int(m) for name, m in (p.split("=", 1) for p in args.pilot)}
     done = {(r["round"], r["dataset"], r["kernel"], r["tree"]) for r in read_rows(args.out)}
     for round_ in range(args.rounds):
         for dataset in args.datasets:
@@ -79,7 +91,8 @@ def run(args) -> None:
                         continue
                     load = os.getloadavg()[0]
                     row = {"round": round_, "dataset": dataset, "kernel": kernel, "tree": name,
-                           "num_features": 2 * args.num_samples, **fit_in(trees[name], dataset, kernel, args.num_samples),
+                           "num_features": 2 * args.num_samples, "pilot_samples": pilots.get(name, 0),
+                           **fit_in(trees[name], dataset, kernel, args.num_samples, pilots.get(name, 0), bool(pilots)),
                            "load_average": round(load, 2)}
                     append_row(args.out, row)
                     print(row, flush=True)
@@ -119,6 +132,7 @@ def main(argv=None) -> None:
     r.add_argument("--kernels", nargs="+", default=["fsard", "gm"])
     r.add_argument("--num-samples", type=int, default=256)
     r.add_argument("--rounds", type=int, default=1)
+    r.add_argument("--pilot", nargs="*", default=[], help="NAME=M: tree NAME fits by fit_pilot, its model with M frequencies")
     p = sub.add_parser("report")
     p.add_argument("out", type=Path)
     args = parser.parse_args(argv)

@@ -20,6 +20,7 @@ from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 from linear_operator.operators import LowRankRootLinearOperator, MatmulLinearOperator
 
 from alacarte import FeatureGP, WoodburyMarginalLogLikelihood
+from alacarte.factory import default_dtype
 
 
 def rbf_kernel(x1, x2, lengthscale, outputscale):
@@ -36,6 +37,7 @@ class FeatureKernelTestCase(BaseKernelTestCase):
     num_samples = 64
     supports_ard = True
     redraws = True  # False where the random state is learned (FSGBARD's blocks, SSGPR's frequencies)
+    widens = True  # False where a value is learned per frequency (FSARD's radii too)
 
     # -- hooks ------------------------------------------------------------------------
     def make_kernel(self, num_dims, num_samples=None, **kwargs):
@@ -200,6 +202,33 @@ class FeatureKernelTestCase(BaseKernelTestCase):
         self.assertIs(kernel.redraw_(5), kernel)
         self.assertTrue(torch.equal(kernel.features(x), fresh.features(x)))
         self.assertEqual(kernel.seed, 5)
+
+    def test_widened_is_the_same_kernel_with_more_features(self):
+        """``widened(M′)`` puts every learned parameter on M′ fresh frequencies: its Gram at 64× the
+        frequencies lies closer to the kernel's expectation than the narrow draw's; at its own M and seed
+        it is the kernel bit for bit; the kernel is left as it was."""
+        lengthscale = torch.tensor([0.7, 1.3, 2.0], dtype=torch.float64)
+        with default_dtype(torch.float64):
+            kernel = self.make_ard_kernel(3, 16, lengthscale) if self.supports_ard else self.make_kernel(3, 16)
+        if not self.widens:
+            with self.assertRaisesRegex(ValueError, "per frequency"):
+                kernel.widened(32)
+            return
+        x = torch.randn(100, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        own = kernel.features(x)
+        self.assertTrue(torch.equal(kernel.widened(16).features(x), own))
+        wide = kernel.widened(1024, seed=7)
+        self.assertEqual((wide.num_samples, wide.seed, wide.num_features), (1024, 7, 2048))
+        for (name, value), (_, widened) in zip(kernel.named_parameters(), wide.named_parameters()):
+            self.assertTrue(torch.equal(value, widened), name)
+        truth = self.expected_kernel(kernel, x, x, lengthscale)
+        errors = [(k(x).to_dense().detach() - truth).abs().max().item() for k in (kernel, wide)]
+        self.assertLess(errors[1], errors[0] / 3, errors)  # 64× the frequencies: about 8× less error
+        self.assertTrue(torch.equal(kernel.features(x), own))
+        bad = [0, 2.5] + ([kernel.num_components * 4 + 1] if hasattr(kernel, "num_components") else [])
+        for num_samples in bad:
+            with self.assertRaisesRegex(ValueError, "num_samples"):
+                kernel.widened(num_samples)
 
     # -- bad input ----------------------------------------------------------------------
     def test_rejects_bad_settings(self):

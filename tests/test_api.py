@@ -169,6 +169,6 @@ def test_public_surface_is_small():
     assert set(alacarte.__all__) == {
         "FeatureKernel", "FastfoodRBFKernel", "FSARDKernel", "FSGBARDKernel", "RandomFourierKernel",
         "SSGPRKernel", "SpectralMixtureFastfoodKernel", "PiecewiseLinearRadialKernel", "FeatureGP", "ExactRBFGP",
-        "WoodburyMarginalLogLikelihood", "fit", "AlaCarteRegressor", "list_uci", "load_uci",
+        "WoodburyMarginalLogLikelihood", "fit", "fit_pilot", "AlaCarteRegressor", "list_uci", "load_uci",
         "SRFFRegressor", "RFFNetRegressor", "RFFNetClassifier", "DerivativeSelector",
     }

@@ -296,6 +296,28 @@ def test_select_reports_and_saves_what_the_estimator_selects(tmp_path, capsys):
     assert np.array_equal(saved.predict(x), reg.predict(x))
 
 
+def test_pilot_rows_fit_the_estimator_with_a_pilot(tmp_path):
+    """--pilot-rows N is the estimator's pilot_rows=N: the saved model predicts as the estimator does."""
+    from alacarte import AlaCarteRegressor
+
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-2, 2, size=(80, 2))
+    y = np.sin(2 * x[:, 0]) + 0.05 * rng.normal(size=80)
+    data = write_csv(tmp_path / "d.csv", ["a", "b", "y"], np.column_stack([x, y]))
+    assert main(["fit", data, "--target", "y", "--pilot-rows", "30", "--num-draws", "1", *SMALL]) == 0
+    reg = AlaCarteRegressor(pilot_rows=30, num_draws=1, num_samples=16, num_components=2, max_iter=5, restarts=1,
+                            restart_iter=2).fit(x, y)
+    saved = load_model(tmp_path / "d.alacarte")
+    assert saved.pilot_rows == 30 and np.array_equal(saved.predict(x), reg.predict(x))
+
+
+@pytest.mark.parametrize("flags, message", [(["--pilot-rows", "0"], "--pilot-rows"),
+                                            (["--kernel", "fsard", "--select", "--pilot-rows", "30"], "--select")])
+def test_bad_pilot_rows_are_refused_before_the_data_are_read(tmp_path, capsys, flags, message):
+    assert main(["fit", str(tmp_path / "missing.csv"), "--target", "y", *flags, "-q"]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_select_with_a_kernel_without_ard_lengthscales_is_refused_before_the_fit(tmp_path, capsys):
     data = write_csv(tmp_path / "d.csv", ["a", "y"], [[0, 1], [1, 2], [2, 1.5], [3, 0.5]])
     assert main(["fit", data, "--target", "y", "--kernel", "gm", "--select", "-q"]) == 2

@@ -214,6 +214,27 @@ def test_the_leave_one_out_predictive_is_that_of_the_posterior_without_the_row()
         assert float(variance[row]) == pytest.approx(float(dense_variance), rel=1e-9)
 
 
+def test_rescale_multiplies_noise_and_signal_by_the_leave_one_out_scale():
+    """s* = (h·mean(r²/v) + ν)/(h + ν) of the held-out rows' leave-one-out residuals r and variances v
+    (the dense GP's, test above); σ² and σ_f² are both multiplied by it, so their ratio stays."""
+    x, y = data(n=80, noise=0.3)
+    model = make_model("fastfood-ard", 3, num_samples=16)
+    model.likelihood.noise, model.covar_module.outputscale = 0.02, 1.7
+    xs, ys = model.standardize(x, y)
+    kept, held = split_rows(80, 0.25, seed=2)
+    model.set_train_data(xs[kept], ys[kept], strict=False)
+    scorer = HeldOut(model, xs[held], ys[held])
+    mean, variance = scorer.calibration_predictive()
+    rows = len(held)
+    expected = (float(((ys[held] - mean) ** 2 / variance).sum()) + SCALE_PRIOR_ROWS) / (rows + SCALE_PRIOR_ROWS)
+    noise, scale = scorer.rescale()
+    assert scale == pytest.approx(expected, rel=1e-9)
+    assert noise == pytest.approx(0.02 * expected, rel=1e-6)
+    assert float(model.covar_module.outputscale.detach()) == pytest.approx(1.7 * expected, rel=1e-6)
+    model.likelihood.raw_noise.requires_grad_(False)  # a frozen noise: the band is the user's
+    assert scorer.rescale() is None
+
+
 def test_the_noise_and_scale_are_the_calibration_scores_minimum():
     x, y = data(n=200, noise=0.3)
     model = make_model("fsard", 3, num_samples=64)

@@ -449,7 +449,8 @@ def test_numpy_scalars_from_a_grid_search_save_and_reload(tmp_path):
     """GridSearchCV passes numpy integers; files hold Python values a weights-only load accepts."""
     x, y = data()
     reg = AlaCarteRegressor("gm", num_samples=np.int64(16), num_components=np.int32(2), max_iter=np.int64(5),
-                            restarts=1, restart_iter=2, random_state=np.int64(3), progress=np.bool_(False)).fit(x, y)
+                            restarts=1, restart_iter=2, random_state=np.int64(3), progress=np.bool_(False),
+                            pilot_rows=np.int64(40)).fit(x, y)
     loaded = load_model(save_model(reg, tmp_path / "r.alacarte"))
     assert loaded.get_params() == reg.get_params()
     assert all(type(v) in (int, bool, str) for v in loaded.get_params().values())

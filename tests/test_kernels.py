@@ -31,6 +31,7 @@ class TestFastfoodRBFKernel(FeatureKernelTestCase, unittest.TestCase):
 
 class TestFSARDKernel(FeatureKernelTestCase, unittest.TestCase):
     kernel_class = FSARDKernel
+    widens = False
 
     def test_radii_are_learnable_and_positive(self):
         kernel = self.make_kernel(3)
@@ -44,6 +45,7 @@ class TestFSARDKernel(FeatureKernelTestCase, unittest.TestCase):
 class TestFSGBARDKernel(FeatureKernelTestCase, unittest.TestCase):
     kernel_class = FSGBARDKernel
     redraws = False
+    widens = False
 
     def test_equals_fsard_at_initialisation(self):
         x = torch.randn(10, 3)
@@ -58,6 +60,7 @@ class TestSSGPRKernel(FeatureKernelTestCase, unittest.TestCase):
     kernel_class = SSGPRKernel
     supports_ard = False
     redraws = False
+    widens = False
 
     def make_ard_kernel(self, num_dims, num_samples, lengthscale):
         return self.make_kernel(num_dims, num_samples, lengthscale=lengthscale)

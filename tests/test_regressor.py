@@ -433,3 +433,35 @@ def test_select_needs_a_simplex_kernel_and_a_bool():
         AlaCarteRegressor(ac.FSARDKernel(3, 16, ard_num_dims=3), select=True, **SMALL).fit(x, y)
     with pytest.raises(ValueError, match="select"):
         AlaCarteRegressor(ac.FSARDKernel(3, 16, ard_num_dims=3, simplex=True), select="yes", **SMALL).fit(x, y)
+
+
+def test_pilot_rows_fit_a_pilot_and_condition_on_every_row():
+    """``pilot_rows`` is :func:`alacarte.fit_pilot` on the estimator's model (the same predictions), and
+    log_marginal_likelihood_ is the conditioned model's on every row, against the dense Gaussian."""
+    x, y = data(n=120)
+    settings = dict(num_samples=32, num_components=2, num_draws=1, max_iter=10, restarts=1, restart_iter=3)
+    reg = AlaCarteRegressor("gm", pilot_rows=40, **settings, random_state=3).fit(x, y)
+    model = make_model("gm", 3, num_samples=32, num_components=2, seed=3).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ac.fit_pilot(model, x, y, rows=40, max_iter=10, restarts=1, restart_iter=3, seed=3, progress=False)
+    mean, std = reg.predict(x[:10], return_std=True)
+    direct = model.predict(torch.as_tensor(x[:10]))
+    assert np.allclose(mean, direct.mean.numpy(), rtol=1e-12) and np.allclose(std**2, direct.observed_variance.numpy())
+    assert reg.model_.train_targets.shape == (120,)
+    scale, offset = float(reg.model_.target_scale), float(reg.model_.target_offset)
+    with torch.no_grad():
+        phi = reg.model_.covar_module.features(reg.model_.internal_inputs(torch.as_tensor(x))).numpy()
+        noise, mu = float(reg.model_.likelihood.noise), float(reg.model_.mean_module.constant)
+    expected = stats.multivariate_normal(np.full(120, offset + scale * mu),
+                                         scale**2 * (phi @ phi.T + noise * np.eye(120))).logpdf(y)
+    assert reg.log_marginal_likelihood_ == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("setting, message", [({"pilot_rows": 0}, "pilot_rows"), ({"pilot_rows": 2.5}, "pilot_rows"),
+                                              ({"pilot_rows": 40, "kernel": "fsard"}, "per frequency"),
+                                              ({"pilot_rows": 40, "select": True, "kernel": "fastfood-ard"}, "select")])
+def test_bad_pilot_settings_are_value_errors(setting, message):
+    x, y = data(n=60)
+    with pytest.raises(ValueError, match=message):
+        AlaCarteRegressor(**{**SMALL, **setting}).fit(x, y)

@@ -72,6 +72,7 @@ class SimplexCase(FeatureKernelTestCase):
 
 class TestSimplexFSARDKernel(SimplexCase, unittest.TestCase):
     kernel_class = ac.FSARDKernel
+    widens = False
 
 
 class TestSimplexFastfoodRBFKernel(SimplexCase, unittest.TestCase):

@@ -1,6 +1,7 @@
 """The base class of every explicit-feature kernel."""
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from collections.abc import Iterator, Sequence
@@ -116,6 +117,8 @@ class FeatureKernel(Kernel):
     #: (fixed random state, Gaussian frequencies): the kernel :func:`~alacarte.selection.select_inputs`
     #: can then ask in closed form.
     rbf_limit = False
+    #: Learned parameters with one entry per frequency: the kernel cannot change its number of them.
+    per_frequency_parameters: tuple[str, ...] = ()
     #: Learned parameters by which the kernel extends a nested one with the same draw (FSGBARD's blocks
     #: over FSARD): :func:`alacarte.fit`'s restarts hold them at their values, the final optimisation frees them.
     nested_parameters: tuple[str, ...] = ()
@@ -278,6 +281,36 @@ class FeatureKernel(Kernel):
             with torch.no_grad():
                 for name, value in saved.items():
                     getattr(self, name).copy_(value)
+
+    def widened(self, num_samples: int, seed: int | None = None) -> "FeatureKernel":
+        """A copy with ``num_samples`` frequencies (D = 2·``num_samples``) drawn from ``seed`` (default:
+        the kernel's), every learned parameter kept: the same kernel, approximated by more (or fewer)
+        features; an exact copy at its own ``num_samples`` and seed (:func:`alacarte.fit_pilot`).
+
+        Raises:
+            ValueError: for a kernel that learns a value per frequency (FSARD, FSGBARD, SSGPR), ``num_samples``
+                not a positive integer (a multiple of ``num_components`` for a mixture), or a bad seed.
+
+        Example:
+            >>> from alacarte import SpectralMixtureFastfoodKernel
+            >>> kernel = SpectralMixtureFastfoodKernel(num_dims=3, num_samples=64, seed=0)
+            >>> kernel.widened(1024).num_features, kernel.num_features
+            (2048, 128)
+        """
+        if self.per_frequency_parameters:
+            names = ", ".join(self.per_frequency_parameters)
+            raise ValueError(f"{type(self).__name__} learns a value per frequency ({names}): another number "
+                             "of frequencies would not be the same kernel")
+        num_samples = check_positive_int(num_samples, "num_samples (M, the number of frequencies)")
+        components = getattr(self, "num_components", 1)
+        if num_samples % components:
+            raise ValueError(f"num_samples={num_samples} must be a multiple of num_components={components}")
+        seed = self.seed if seed is None else check_seed(seed)
+        kernel = copy.deepcopy(self)
+        kernel.num_samples, kernel.seed = num_samples, seed
+        for name, value in kernel._draw_buffers(seed).items():
+            setattr(kernel, name, value)  # a buffer of the new size, not copied into the old one
+        return kernel
 
     def redraw_(self, seed: int) -> "FeatureKernel":
         """Replace the kernel's random buffers (its directions and fixed radii) by those a kernel

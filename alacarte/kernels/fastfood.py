@@ -156,6 +156,7 @@ class FSARDKernel(FastfoodRBFKernel):
 
     rbf_limit = False  # learned radii: the features' kernel is no longer the RBF
     _learn_radius = True
+    per_frequency_parameters = ("radius",)
     radius = ConstrainedParameter()
 
 
@@ -177,6 +178,7 @@ class FSGBARDKernel(FSARDKernel):
     """
 
     _learn_blocks = True
+    per_frequency_parameters = ("radius", "gauss", "sign")
     # Restarts that also move the blocks settle where the lengthscales miss the inputs' structure
     # (parkinsons: 4 of 10 splits; docs/calibration.md).
     nested_parameters = ("gauss", "sign")

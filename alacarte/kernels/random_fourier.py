@@ -49,7 +49,8 @@ class RandomFourierKernel(FeatureKernel):
         self.register_buffer("weights", _standard_normal(shape, self.seed, self.raw_outputscale.dtype))
 
     def _draw_buffers(self, seed: int) -> dict[str, Tensor]:
-        return {"weights": _standard_normal(self.weights.shape, seed, self.weights.dtype).to(self.weights)}
+        shape = (*self.batch_shape, self.num_samples, self.num_dims)
+        return {"weights": _standard_normal(shape, seed, self.weights.dtype).to(self.weights)}
 
     def projection(self, x: Tensor) -> Tensor:
         return self.scale_inputs(x) @ self.weights.transpose(-1, -2)
@@ -83,6 +84,7 @@ class SSGPRKernel(FeatureKernel):
     """
 
     has_lengthscale = False
+    per_frequency_parameters = ("frequencies",)
 
     def __init__(
         self,

@@ -9,5 +9,6 @@ from ._diagnostics import noise_at_bound
 from ._fit import fit
 from ._history import FitHistory
 from ._optimization import current_loss, marginal_log_likelihood, negative_mll
+from ._pilot import fit_pilot
 
-__all__ = ["FitHistory", "fit", "marginal_log_likelihood"]
+__all__ = ["FitHistory", "fit", "fit_pilot", "marginal_log_likelihood"]
