@@ -96,15 +96,14 @@ def run_alacarte(kernel: str, data, args) -> dict:
 
 def run_pilot(data, args) -> dict:
     """GM with D = 2·``--pilot-samples`` features on every row, its hyperparameters fitted on a pilot
-    (:func:`alacarte.fit_pilot`'s defaults: 5 000 rows, D = 1 024); training time includes the posterior."""
+    (:func:`alacarte.fit_pilot`'s defaults: 5 000 rows, D = 1 024); training time includes the posterior,
+    which ``fit_pilot`` leaves conditioned on every row."""
     model = make_model("gm", data.x_train.shape[1], num_samples=args.pilot_samples)
 
     def train():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            history = ac.fit_pilot(model, data.x_train, data.y_train, progress=False)
-        model.posterior()  # the O(nD²) pass over every row, which predict would otherwise make
-        return history
+            return ac.fit_pilot(model, data.x_train, data.y_train, progress=False)
 
     history, train_cpu, train_wall = _cpu_timed(train)
     prediction, predict_cpu, _ = _cpu_timed(lambda: model.predict(data.x_test))
