@@ -317,7 +317,8 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
         return
     fitted = check_dict(record["fitted"], "record.fitted",
                         ("model", "n_features_in_", "n_iter_", "log_marginal_likelihood_", "history"),
-                        ("feature_names_in_", "more_models", "num_components_", "component_scores_", "replicates_"))
+                        ("feature_names_in_", "more_models", "num_components_", "num_samples_", "pilot_rows_",
+                         "component_scores_", "replicates_"))
     check_int(fitted["n_iter_"], "record.fitted.n_iter_")
     check_float(fitted["log_marginal_likelihood_"], "record.fitted.log_marginal_likelihood_")
     check_history(fitted["history"], "record.fitted.history")
@@ -333,8 +334,11 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
     counts = (1, AUTO_DRAWS) if draws == "auto" else (draws,) if type(draws) is int else ()  # "auto": as resolved
     if len(more) + 1 not in counts:
         fail("record.fitted.more_models", f"{len(more)} models, but the estimator's num_draws is {draws!r:.20}")
-    if "num_components_" in fitted:
-        check_int(fitted["num_components_"], "record.fitted.num_components_", 1)
+    for name in ("num_components_", "num_samples_"):
+        if name in fitted:
+            check_int(fitted[name], f"record.fitted.{name}", 1)
+    if fitted.get("pilot_rows_") is not None:
+        check_int(fitted["pilot_rows_"], "record.fitted.pilot_rows_", 1)
     check_list(fitted.get("component_scores_", []), "record.fitted.component_scores_",
                lambda v, f: (isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], float))
                or fail(f, f"expected a [components, score] pair, got {v!r:.80}"))

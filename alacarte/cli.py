@@ -37,11 +37,12 @@ from tqdm.auto import tqdm
 
 from ._files import refuse_unwritable
 from ._validation import check_nonnegative_int, check_positive_int, check_seed
-from .factory import (EXACT_GP_ROWS, KERNEL_NAMES, SIMPLEX_KERNEL_NAMES, check_draws, check_simplex_name,
-                      component_candidates, exact_gp_cost)
+from .factory import (DEFAULT_SAMPLES, EXACT_GP_ROWS, KERNEL_NAMES, SIMPLEX_KERNEL_NAMES, check_draws,
+                      check_simplex_name, component_candidates, exact_gp_cost, widenable)
 from .holdout import check_fraction
 from .kernels import FeatureKernel
-from .training import fit
+from .training import (AUTO_PILOT_ABOVE, AUTO_PILOT_SAMPLES, PILOT_ROWS, PILOT_SAMPLES, fit, resolve_pilot,
+                       resolve_samples)
 
 __all__ = ["main", "build_parser", "read_table", "COMMANDS"]
 
@@ -149,6 +150,11 @@ def _check_cells(path: Path, names: list[str], wanted: list[str], rows) -> None:
                 raise ValueError(f"{where}: {text} is not allowed (every value must be finite)")
 
 
+def pilot_rows(text: str) -> int | str | None:
+    """``--pilot-rows``' value: ``auto``, ``all`` (every row: the estimator's ``None``) or an integer."""
+    return None if text == "all" else count_or_auto(text)
+
+
 def count_or_auto(text: str) -> int | str:
     """``--num-draws``' and ``--num-components``' value: ``auto`` or an integer (checked before the data are read)."""
     return text if text == "auto" else int(text)
@@ -193,19 +199,16 @@ def _fit(args: argparse.Namespace) -> int:
     from .regressor import AlaCarteRegressor
 
     # Named as the flags, and before the data are read (the estimator would name its parameters: num_samples).
-    for flag in ("num_samples", "max_iter"):
-        check_positive_int(getattr(args, flag), "--" + flag.replace("_", "-"))
+    check_positive_int(args.max_iter, "--max-iter")
+    samples = resolve_samples(args.num_samples, None, "--num-samples")
     check_draws(args.num_draws, "--num-draws")
-    component_candidates(args.num_components, args.kernel, args.num_samples, name="--num-components")
+    component_candidates(args.num_components, args.kernel, samples, name="--num-components")
     if check_nonnegative_int(args.restarts, "--restarts"):
         check_positive_int(args.restart_iter, "--restart-iter")
     check_seed(args.seed, "--seed")
     check_fraction(args.validation_fraction)
     check_simplex_name(args.kernel, args.select, "--select")
-    if args.pilot_rows is not None:
-        check_positive_int(args.pilot_rows, "--pilot-rows")
-        if args.select:
-            raise ValueError("--pilot-rows and --select do not combine: the selection refits on every row")
+    resolve_pilot(args.pilot_rows, args.kernel, 0, args.select, name="--pilot-rows")
     names, table = read_table(args.data)
     if args.target not in names:
         raise ValueError(f"{args.data} has no target column {args.target!r} (columns: {', '.join(names)})")
@@ -235,8 +238,10 @@ def _fit(args: argparse.Namespace) -> int:
         relevance = None
     result = {"model": str(out), "kernel": args.kernel, "rows": int(len(y)), "inputs": columns,
               "target": args.target, "log_marginal_likelihood": reg.log_marginal_likelihood_,
-              "train_rmse": rmse, "iterations": reg.n_iter_, "seconds": seconds, "relevance": relevance}
-    text = (f"fitted {args.kernel} on {len(y)} rows × {len(columns)} inputs in {seconds:.1f} s: "
+              "train_rmse": rmse, "iterations": reg.n_iter_, "seconds": seconds, "relevance": relevance,
+              "pilot_rows": reg.pilot_rows_}
+    pilot = "" if reg.pilot_rows_ is None else f" (hyperparameters from a pilot of {reg.pilot_rows_} rows)"
+    text = (f"fitted {args.kernel} on {len(y)} rows × {len(columns)} inputs{pilot} in {seconds:.1f} s: "
             f"log marginal likelihood {reg.log_marginal_likelihood_:.6g}, training RMSE {rmse:.4g}\nsaved {out}")
     if args.select:
         result["selected"] = [columns[j] for j in reg.selected_]
@@ -341,8 +346,9 @@ def _add_fit(commands, common) -> None:
     cmd.add_argument("--kernel", default=default["kernel"], choices=KERNEL_NAMES,
                      help=f"kernel (default {default['kernel']})")
     cmd.add_argument("--out", help="model file to write (default: DATA with suffix .alacarte)")
-    cmd.add_argument("--num-samples", type=int, default=default["num_samples"],
-                     help=f"frequencies M (D = 2M features; default {default['num_samples']})")
+    cmd.add_argument("--num-samples", type=count_or_auto, default=default["num_samples"],
+                     help=f"frequencies M (D = 2M features), or auto: {DEFAULT_SAMPLES}, and {AUTO_PILOT_SAMPLES} "
+                          f"where a pilot fits the hyperparameters (default {default['num_samples']})")
     cmd.add_argument("--num-components", type=count_or_auto, default=default["num_components"],
                      help="mixture components of gm/pwl, or auto: fit with 1 and with 4 and keep the one whose "
                           f"held-out rows score lower, at twice the cost (default {default['num_components']})")
@@ -372,10 +378,12 @@ def _add_fit(commands, common) -> None:
                           "marginal likelihood does not need held at exactly 0 after each draw's fit; reports the "
                           f"inputs kept by at least 4 in 5 draws (kernels: {', '.join(SIMPLEX_KERNEL_NAMES)}; "
                           "docs/variable_selection.md)")
-    cmd.add_argument("--pilot-rows", type=int, default=default["pilot_rows"],
+    cmd.add_argument("--pilot-rows", type=pilot_rows, default=default["pilot_rows"],
                      help="fit the hyperparameters on this many rows with D = 1024 features, then condition the "
-                          "model (--num-samples) on every row: for large data, with more features (gm, pwl, "
-                          "fastfood-ard, fastfood-rbf, rks; default: every row)")
+                          "model (--num-samples) on every row: for large data, with more features "
+                          f"({', '.join(k for k in KERNEL_NAMES if widenable(k))}); all: every row; auto (default): "
+                          f"{PILOT_ROWS} rows above {AUTO_PILOT_ABOVE} where --num-samples is auto or above {PILOT_SAMPLES}, the kernel "
+                          "allows it and --select is off")
     cmd.set_defaults(run=_fit)
 
 

@@ -25,9 +25,9 @@ from ._validation import check_positive_int, check_seed
 from .models import ExactRBFGP, FeatureGP
 
 __all__ = ["KERNEL_NAMES", "SIMPLEX_KERNEL_NAMES", "FEATURE_KERNEL_CLASSES", "EXACT_GP_ROWS", "AUTO_DRAWS",
-           "AUTO_COMPONENTS", "AUTO_COMPONENT_ROWS", "exact_gp_cost", "make_model", "resolve_draws",
-           "draws_for_features", "check_draws", "component_candidates", "check_simplex_name", "default_dtype",
-           "floating_state"]
+           "AUTO_COMPONENTS", "AUTO_COMPONENT_ROWS", "DEFAULT_SAMPLES", "exact_gp_cost", "widenable", "make_model",
+           "resolve_draws", "draws_for_features", "check_draws", "component_candidates", "check_simplex_name",
+           "default_dtype", "floating_state"]
 
 #: Rows beyond which an exact GP's n×n matrices and O(n³) steps, not the data, set the cost of a fit
 #: (the command line says so before it starts one).
@@ -58,6 +58,16 @@ KERNEL_NAMES = (*_FEATURE_KERNELS, "exact-ard", "exact-rbf")
 SIMPLEX_KERNEL_NAMES = tuple(name for name, (_, options) in _FEATURE_KERNELS.items() if "ard_num_dims" in options(1, 1))
 #: The feature kernel classes the names build, each once.
 FEATURE_KERNEL_CLASSES = tuple(dict.fromkeys(cls for cls, _ in _FEATURE_KERNELS.values()))
+#: Frequencies M of a named feature kernel unless said otherwise (D = 1 024, the D the calibration was measured at).
+DEFAULT_SAMPLES = 512
+
+
+def widenable(kernel) -> bool:
+    """Whether a kernel — a name or a :class:`~alacarte.FeatureKernel` — learns no value per frequency, so
+    that :meth:`~alacarte.FeatureKernel.widened` can give it more features with the same hyperparameters."""
+    if isinstance(kernel, FeatureKernel):
+        return not kernel.per_frequency_parameters
+    return kernel in _FEATURE_KERNELS and not _FEATURE_KERNELS[kernel][0].per_frequency_parameters
 
 
 #: The fits ``num_draws="auto"`` averages for a feature GP with at most twice as many training rows as features.
@@ -168,7 +178,7 @@ def make_model(
     kernel: str | FeatureKernel,
     num_dims: int,
     *,
-    num_samples: int = 512,
+    num_samples: int = DEFAULT_SAMPLES,
     num_components: int = 4,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,

@@ -324,6 +324,8 @@ def _regressor_record(reg: AlaCarteRegressor) -> dict[str, Any]:
             "log_marginal_likelihood_": float(reg.log_marginal_likelihood_),
             "history": {k: v for k, v in vars(reg.history_).items()},
             "num_components_": int(reg.num_components_),
+            "num_samples_": int(reg.num_samples_),
+            "pilot_rows_": None if reg.pilot_rows_ is None else int(reg.pilot_rows_),
             "component_scores_": [[int(q), float(score)] for q, score in reg.component_scores_.items()],
         }
         if more:
@@ -355,6 +357,9 @@ def _build_regressor(record: Any) -> AlaCarteRegressor:
         # A file without the choice holds an int num_components.
         reg.num_components_ = fitted.get("num_components_", params["num_components"])
         reg.component_scores_ = {q: score for q, score in fitted.get("component_scores_", [])}
+        # A file without them was fitted with the named kernel's frequencies it holds, and with an int pilot or none.
+        reg.num_samples_ = fitted.get("num_samples_", params["num_samples"])
+        reg.pilot_rows_ = fitted.get("pilot_rows_", params.get("pilot_rows"))
         if "feature_names_in_" in fitted:
             reg.feature_names_in_ = np.asarray(fitted["feature_names_in_"], dtype=object)
         reps = fitted.get("replicates_")

@@ -29,7 +29,7 @@ from .models import FeatureGP
 from .replicates import Replicates
 from .selection.evidence import select_inputs, simplex_kernel
 from .selection.frequency import SelectionFrequency
-from .training import FitHistory, current_loss, fit, fit_pilot
+from .training import FitHistory, current_loss, fit, fit_pilot, resolve_pilot, resolve_samples
 
 __all__ = ["AlaCarteRegressor", "kernel_relevance", "mixture_moments", "held_out_score", "choose_components",
            "lowest_score"]
@@ -39,8 +39,7 @@ def _defaults(function) -> dict:
     return {name: p.default for name, p in inspect.signature(function).parameters.items()}
 
 
-# The estimator's settings default to those of the two functions it calls, stated once there.
-_MODEL = _defaults(make_model)
+# The estimator's fit settings default to those of the function it calls, stated once there.
 _FIT = _defaults(fit)
 
 
@@ -94,8 +93,9 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             a copy whose random features are drawn from that draw's seed
             (:meth:`~alacarte.FeatureKernel.redraw_`; FSGBARD and SSGPR learn their random
             state, and every draw starts from the object's).
-        num_samples: frequencies M of a named feature kernel (D = 2M features; the default, D = 1 024, is
-            the D the calibration was measured at: docs/calibration.md).
+        num_samples: frequencies M of a named feature kernel (D = 2M features), or ``"auto"``: 512
+            (D = 1 024, the D the calibration was measured at: docs/calibration.md), and 2 048 (D = 4 096)
+            where a pilot fits the hyperparameters (``pilot_rows``; :func:`alacarte.training.resolve_samples`).
         num_components: mixture components of ``"gm"`` / ``"pwl"`` (must divide ``num_samples``), or
             ``"auto"``: 4, and where the fit holds out at least
             :data:`~alacarte.factory.AUTO_COMPONENT_ROWS` (400) rows, every draw fitted with 1 and with 4,
@@ -128,8 +128,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             condition the model, with its ``num_samples`` frequencies, on every row
             (:func:`alacarte.fit_pilot`; docs/mathematics.md, "Pilot fits"): for large n, with many
             features (kin40k, GM at D = 4 096: 0.07 test RMSE in 131 CPU s, against 0.14 in 154 s for
-            a whole fit at D = 512).  ``None`` (default): fit on every row.  Not with ``select``, nor for
-            kernels that learn a value per frequency (FSARD, FSGBARD, SSGPR) or the exact GPs.
+            a whole fit at D = 512).  ``"auto"`` (default): a pilot of 5 000 rows above 20 000 training
+            rows, where the model is wider than the pilot (``num_samples`` ``"auto"`` or above 512), the
+            kernel allows it and ``select`` is off (:func:`alacarte.training.resolve_pilot`);
+            ``None``: fit on every row.  A number of rows is refused with ``select`` and for kernels that
+            learn a value per frequency (FSARD, FSGBARD, SSGPR) or the exact GPs.
         random_state: seed of the kernel's random state and of the restarts
             (an int, ``None`` or a ``numpy.random.RandomState``).
         progress: show a progress bar while fitting.
@@ -150,6 +153,8 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             averaged over the draws.
         relevance_draws_: each draw's relevances, ``(len(models_), n_features_in_)``: how far one
             feature draw's reading of an input can be trusted (docs/variable_selection.md).
+        pilot_rows_: the pilot's rows (``pilot_rows`` resolved), or ``None`` where the fit used every row.
+        num_samples_: the frequencies M of a named kernel (``num_samples`` resolved; a kernel object's own).
         num_components_: the number of components the kept fits have (``num_components`` itself unless "auto").
         component_scores_: each number of components' held-out score (:func:`held_out_score`) where
             ``num_components="auto"`` chose between several; empty otherwise.
@@ -195,7 +200,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         self,
         kernel: str | FeatureKernel = "gm",
         *,
-        num_samples: int = _MODEL["num_samples"],
+        num_samples: int | str = "auto",
         num_components: int | str = "auto",
         num_draws: int | str = "auto",
         max_iter: int = _FIT["max_iter"],
@@ -205,7 +210,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         validation_fraction: float | str = _FIT["validation_fraction"],
         replicates: bool = True,
         select: bool = False,
-        pilot_rows: int | None = None,
+        pilot_rows: int | str | None = "auto",
         random_state: int | np.random.RandomState | None = _FIT["seed"],
         progress: bool = False,
     ):
@@ -237,7 +242,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             raise ValueError(
                 f"kernel must be one of {', '.join(KERNEL_NAMES)} or an alacarte FeatureKernel, got {kernel!r}"
             )
-        model = make_model(kernel, num_dims, num_samples=self.num_samples, num_components=num_components,
+        model = make_model(kernel, num_dims, num_samples=self.num_samples_, num_components=num_components,
                            seed=seed, simplex=self.select and isinstance(kernel, str))
         return model.double()
 
@@ -265,12 +270,11 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
         replicates = check_bool(self.replicates, "replicates")
         if select and isinstance(self.kernel, str):
             check_simplex_name(self.kernel, True, "select=True")
-        if self.pilot_rows is not None:
-            check_positive_int(self.pilot_rows, "pilot_rows")
-            if select:
-                raise ValueError("pilot_rows and select=True do not combine: select_inputs refits on every row")
+        samples = self.kernel.num_samples if isinstance(self.kernel, FeatureKernel) else self.num_samples
+        self.pilot_rows_ = resolve_pilot(self.pilot_rows, self.kernel, X.shape[0], select, samples)
+        self.num_samples_ = resolve_samples(samples, self.pilot_rows_)
         x_t, y_t = as_tensor(X, "X", torch.float64), as_tensor(y, "y", torch.float64)
-        one_fit = component_candidates(self.num_components, self.kernel, self.num_samples)
+        one_fit = component_candidates(self.num_components, self.kernel, self.num_samples_)
         first = self._build_model(X.shape[1], seed, one_fit[0])
         if select:
             try:
@@ -279,7 +283,7 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
                 raise ValueError("select=True needs one simplex-ARD kernel: a name such as 'fsard', or e.g. "
                                  "FSARDKernel(d, M, ard_num_dims=d, simplex=True) as kernel") from error
         held_out = held_out_count(X.shape[0], resolve_fraction(self.validation_fraction, first, streamed=False))
-        candidates = component_candidates(self.num_components, self.kernel, self.num_samples, held_out)
+        candidates = component_candidates(self.num_components, self.kernel, self.num_samples_, held_out)
         draws = resolve_draws(self.num_draws, first, X.shape[0])
         seeds = [(seed + 1000 * draw) % 2**64 for draw in range(draws)]
         models, histories = self._fit_components(x_t, y_t, seeds, candidates, select)
@@ -317,10 +321,10 @@ class AlaCarteRegressor(RegressorMixin, BaseEstimator):
             settings = dict(optimizer=self.optimizer, max_iter=self.max_iter, restarts=self.restarts,
                             restart_iter=self.restart_iter, seed=draw_seed, progress=self.progress,
                             validation_fraction=self.validation_fraction)
-            if self.pilot_rows is None:
+            if self.pilot_rows_ is None:
                 histories.append(fit(models[-1], x, y, **settings))
             else:
-                histories.append(fit_pilot(models[-1], x, y, rows=self.pilot_rows, **settings))
+                histories.append(fit_pilot(models[-1], x, y, rows=self.pilot_rows_, **settings))
             if select:
                 select_inputs(models[-1], x, y, seed=draw_seed, validation_fraction=self.validation_fraction)
         return models, histories

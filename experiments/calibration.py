@@ -41,12 +41,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.bench.settings import mixture_components, model_name, package_version, parse_splits  # noqa: E402
-from alacarte.factory import component_candidates, draws_for_features, make_model  # noqa: E402
+from alacarte.factory import component_candidates, draws_for_features, make_model, widenable  # noqa: E402
 from alacarte.holdout import RECOMMENDED_FRACTION, held_out_count  # noqa: E402
 from alacarte.regressor import choose_components, mixture_moments  # noqa: E402
+from alacarte.training import resolve_pilot, resolve_samples  # noqa: E402
 from alacarte.replicates import Replicates  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 from _draws import draws_setting, row_draws  # noqa: E402
+from alacarte.cli import count_or_auto, pilot_rows  # noqa: E402
 
 SHIPPED_COMPONENTS = inspect.signature(make_model).parameters["num_components"].default
 FIELDS = ["dataset", "split", "method", "validation_fraction", "num_features", "n_train", "rmse", "nlpd",
@@ -70,8 +72,10 @@ def cell_components(method: str, n: int, setting: str | int, num_samples: int, f
     return component_candidates("auto", method, num_samples, held_out_count(n, fraction))
 
 
-def fit_draws(data, split: int, draws: int, build, replicates: bool = True, **settings) -> tuple[dict, list, list]:
-    """Fit ``draws`` models ``build(seed)`` on the training rows with ``alacarte.fit`` (``settings`` passed on)
+def fit_draws(data, split: int, draws: int, build, replicates: bool = True, pilot: int | None = None,
+              **settings) -> tuple[dict, list, list]:
+    """Fit ``draws`` models ``build(seed)`` on the training rows with ``alacarte.fit`` (``settings`` passed on;
+    ``alacarte.fit_pilot`` on ``pilot`` rows where that is not ``None``)
     and the seeds ``AlaCarteRegressor(random_state=split)`` gives its draws; returns the test scores of
     their equal mixture's moment-matched Gaussian, which is what the estimator predicts (test rows at a
     repeated training input by the model with replicates, unless ``replicates`` is off), the fitted models
@@ -83,7 +87,8 @@ def fit_draws(data, split: int, draws: int, build, replicates: bool = True, **se
         model = build(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            histories.append(ac.fit(model, data.x_train, data.y_train, seed=seed, progress=False, **settings))
+            fitting = ac.fit if pilot is None else partial(ac.fit_pilot, rows=pilot)
+            histories.append(fitting(model, data.x_train, data.y_train, seed=seed, progress=False, **settings))
         pred = model.predict(data.x_test)
         if reps is not None:
             share = reps.choose_share(data.x_train, data.y_train, model.predict(reps.inputs[reps.repeated]))
@@ -95,21 +100,30 @@ def fit_draws(data, split: int, draws: int, build, replicates: bool = True, **se
     return predictive_scores(mean, variance, torch.as_tensor(data.y_test)), models, histories
 
 
+def cell_size(method: str, n: int, num_samples, pilot_rows) -> tuple[int, int | None]:
+    """A cell's frequencies M and pilot rows (``None``: every row) as the estimator resolves
+    ``num_samples`` and ``pilot_rows`` (``"auto"``: a pilot, at D = 4 096, above 20 000 rows for GM and PWL);
+    exact ARD, the reference, and the kernels that learn a value per frequency fit every row."""
+    pilot = resolve_pilot(pilot_rows, method, n, num_samples=num_samples) if widenable(method) else None
+    return resolve_samples(num_samples, pilot), pilot
+
+
 def run_cell(data, dataset: str, split: int, method: str, draws: int, args) -> dict:
     """The row of one cell; with ``--alone-csv`` the same fits' scores without replicates are written there."""
     n = data.x_train.shape[0]
+    samples, pilot = cell_size(method, n, args.num_samples, args.pilot_rows)
     start = time.perf_counter()
     fits = {}
-    for q in cell_components(method, n, args.num_components, args.num_samples, args.validation_fraction):
-        fits[q] = fit_draws(data, split, draws, partial(cell_model, method, data, num_samples=args.num_samples,
+    for q in cell_components(method, n, args.num_components, samples, args.validation_fraction):
+        fits[q] = fit_draws(data, split, draws, partial(cell_model, method, data, num_samples=samples,
                                                         num_components=q), replicates=args.replicates,
-                             validation_fraction=args.validation_fraction)
+                             pilot=pilot, validation_fraction=args.validation_fraction)
     chosen, _ = choose_components({q: fit[2] for q, fit in fits.items()})
     scores, models, histories = fits[chosen]
     seconds = time.perf_counter() - start
     row = {"dataset": dataset, "split": split, "method": method,
            "validation_fraction": args.validation_fraction,
-           "num_features": 0 if method.startswith("exact") else 2 * args.num_samples, "n_train": n, **scores,
+           "num_features": 0 if method.startswith("exact") else 2 * samples, "n_train": n, **scores,
            "noise": float(models[0].likelihood.noise.detach().min()), "held_out_rows": histories[0].held_out_rows,
            "iterations": histories[0].iterations, "seconds": round(seconds, 2), "version": package_version(),
            "num_draws": draws, "num_components": chosen if method in ("gm", "pwl") else ""}
@@ -140,7 +154,8 @@ def run(args) -> None:
         for split in parse_splits(args.splits):
             data = ac.load_uci(dataset, split, args.data)
             for method in args.methods:
-                features = 0 if method.startswith("exact") else 2 * args.num_samples
+                samples, _ = cell_size(method, data.x_train.shape[0], args.num_samples, args.pilot_rows)
+                features = 0 if method.startswith("exact") else 2 * samples
                 draws = 1 if method.startswith("exact") else draws_for_features(
                     args.num_draws, features, data.x_train.shape[0])
                 if (dataset, split, method, fraction, features, draws) in done:
@@ -161,6 +176,13 @@ def _wanted_draws(row: dict, setting) -> int:
     if setting != "auto":  # a row's n_train is then not needed
         return setting
     return draws_for_features(setting, int(row["num_features"]), int(row["n_train"]))
+
+
+def _asked_features(row: dict, num_samples, pilot_rows) -> int:
+    """The D a feature kernel's row must have to be reported: ``num_samples``' (``auto``: as ``run`` resolves
+    it for the row's training rows, where the row has them)."""
+    n = int(row["n_train"]) if row.get("n_train") else 0
+    return 2 * cell_size(row["method"], n, num_samples, pilot_rows)[0]
 
 
 def _feature_draw_rows(path: str, n_train: dict) -> list[dict]:
@@ -191,8 +213,9 @@ def report(args) -> str:
     # The feature-draw lines first: a CSV row of the same cell is a later re-run of it.
     rows = [r for path in args.feature_draws or [] for r in _feature_draw_rows(path, n_train)] + rows
     rows = list({_key(r): r for r in _counted(rows, args.num_draws)}.values())  # later files win
-    # Feature kernels at one D; exact ARD, the reference, is exact or its D = 1024 expansion whatever D is asked.
-    rows = [r for r in rows if r["method"].startswith("exact") or int(r["num_features"]) == 2 * args.num_samples]
+    # Feature kernels at the D asked; exact ARD, the reference, is exact or its D = 1024 expansion whatever D is asked.
+    rows = [r for r in rows if r["method"].startswith("exact")
+            or int(r["num_features"]) == _asked_features(r, args.num_samples, args.pilot_rows)]
     if args.splits:
         wanted = set(parse_splits(args.splits))
         rows = [r for r in rows if int(r["split"]) in wanted]
@@ -209,7 +232,7 @@ def report(args) -> str:
             key = (r["dataset"], r["method"])
             features = int(r.get("num_features") or 0)
             if (r["status"] == "ok" and int(r["split"]) in cells.get(key, {})
-                    and features in (0, 2 * args.num_samples) and r.get("nlpd")):
+                    and features in (0, 2 * resolve_samples(args.num_samples, None)) and r.get("nlpd")):
                 paper[key][int(r["split"])] = {"nlpd": float(r["nlpd"]), "rmse": float(r["rmse"])}
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = [m for m in ("exact-ard", "fsard", "fsgbard", "gm", "pwl", "fastfood-ard", "ssgpr")
@@ -335,7 +358,11 @@ def main(argv=None) -> None:
     r.add_argument("--datasets", nargs="+", required=True)
     r.add_argument("--methods", nargs="+", default=["exact-ard", "fsard", "fsgbard", "gm", "pwl"])
     r.add_argument("--splits", default="0-2")
-    r.add_argument("--num-samples", type=int, default=512)
+    r.add_argument("--num-samples", type=count_or_auto, default="auto",
+                   help="frequencies M: a number or auto (default: the estimator's, 512, or 2048 with a pilot)")
+    r.add_argument("--pilot-rows", type=pilot_rows, default="auto",
+                   help="fit GM/PWL on a pilot of this many rows, all (every row) or auto (default: the "
+                        "estimator's, a pilot of 5000 rows above 20000)")
     r.add_argument("--num-components", default="auto", type=lambda t: t if t in ("auto", "runner") else int(t),
                    help="GM/PWL components: a number, runner (the UCI runner's rule) or auto (default: the "
                         "estimator's, which keeps the better of 1 and 4 by the held-out score above 400 held-out rows)")
@@ -351,8 +378,12 @@ def main(argv=None) -> None:
     p = sub.add_parser("report")
     p.add_argument("csv", nargs="+")
     p.add_argument("--protocol", default=str(RECOMMENDED_FRACTION))
-    p.add_argument("--num-samples", type=int, default=512,
-                   help="feature kernels' rows at D = 2·num_samples only, here and under --paper-protocol (default 512)")
+    p.add_argument("--num-samples", type=count_or_auto, default="auto",
+                   help="feature kernels' rows at D = 2·num_samples only, here and under --paper-protocol (a "
+                        "number, or auto: the D the estimator's defaults give each cell, and 1024 under "
+                        "--paper-protocol)")
+    p.add_argument("--pilot-rows", type=pilot_rows, default="auto",
+                   help="with --num-samples auto, the rows the D is resolved for (default auto, as run)")
     p.add_argument("--splits", default=None, help="only these splits, e.g. 0-2 (default: every split the CSVs hold)")
     p.add_argument("--paper-protocol", nargs="*")
     p.add_argument("--num-draws", type=draws_setting, default="auto",

@@ -27,6 +27,7 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from alacarte import AlaCarteRegressor  # noqa: E402
 from alacarte.factory import KERNEL_NAMES, draws_for_features  # noqa: E402
+from alacarte.training import resolve_pilot, resolve_samples  # noqa: E402
 from _draws import draws_setting, row_draws  # noqa: E402  (experiments/, the script's own folder)
 
 FIELDS = ["kernel", "n", "seed", "coverage95", "nlpd", "true_nlpd", "excess", "rmse", "true_rmse", "seconds",
@@ -61,7 +62,9 @@ def measure(truth, kernel: str, n: int, seed: int, num_draws: int | str = "auto"
 
 def resolved_draws(kernel: str, n: int, num_draws: int | str) -> int:
     """The draws ``AlaCarteRegressor(kernel, num_draws=num_draws)`` fits to n rows."""
-    features = 2 * AlaCarteRegressor(kernel).num_samples if kernel in FEATURE_KERNELS else None
+    reg = AlaCarteRegressor(kernel)
+    samples = resolve_samples(reg.num_samples, resolve_pilot(reg.pilot_rows, kernel, n, num_samples=reg.num_samples))
+    features = 2 * samples if kernel in FEATURE_KERNELS else None
     return draws_for_features(num_draws, features, n)
 
 

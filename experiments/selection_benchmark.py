@@ -54,6 +54,7 @@ import alacarte as ac  # noqa: E402
 from alacarte.bench.scores import predictive_scores  # noqa: E402
 from alacarte.datasets import make_se1, make_se2, make_se3  # noqa: E402
 from alacarte.selection import select_inputs, selection_frequency  # noqa: E402
+from alacarte.training import resolve_samples  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
 
 COLUMNS = ["problem", "n", "method", "replication", "rmse", "nlpd", "coverage95", "selected", "relevance",
@@ -80,8 +81,8 @@ GP_METHODS = {
     "gp-simplex-band": (ac.FSARDKernel, None, True, 4, "auto"),
 }
 DRAWS = 5
-#: gp-simplex-estimator's frequencies: the estimator's default num_samples.
-ESTIMATOR_SAMPLES = inspect.signature(ac.AlaCarteRegressor).parameters["num_samples"].default
+#: gp-simplex-estimator's frequencies: the estimator's default num_samples with select=True (no pilot).
+ESTIMATOR_SAMPLES = resolve_samples(inspect.signature(ac.AlaCarteRegressor).parameters["num_samples"].default, None)
 
 
 def version() -> str:

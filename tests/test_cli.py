@@ -296,8 +296,9 @@ def test_select_reports_and_saves_what_the_estimator_selects(tmp_path, capsys):
     assert np.array_equal(saved.predict(x), reg.predict(x))
 
 
-def test_pilot_rows_fit_the_estimator_with_a_pilot(tmp_path):
-    """--pilot-rows N is the estimator's pilot_rows=N: the saved model predicts as the estimator does."""
+def test_pilot_rows_fit_the_estimator_with_a_pilot(tmp_path, capsys):
+    """--pilot-rows N is the estimator's pilot_rows=N: the saved model predicts as the estimator does, and
+    the summary says so; ``all`` is pilot_rows=None."""
     from alacarte import AlaCarteRegressor
 
     rng = np.random.default_rng(5)
@@ -309,10 +310,16 @@ def test_pilot_rows_fit_the_estimator_with_a_pilot(tmp_path):
                             restart_iter=2).fit(x, y)
     saved = load_model(tmp_path / "d.alacarte")
     assert saved.pilot_rows == 30 and np.array_equal(saved.predict(x), reg.predict(x))
+    assert saved.pilot_rows_ == 30 and "pilot of 30 rows" in capsys.readouterr().out
+    assert main(["fit", data, "--target", "y", "--pilot-rows", "all", "--num-draws", "1", *SMALL]) == 0
+    saved = load_model(tmp_path / "d.alacarte")
+    assert saved.pilot_rows is None and saved.pilot_rows_ is None and "pilot of" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, message", [(["--pilot-rows", "0"], "--pilot-rows"),
-                                            (["--kernel", "fsard", "--select", "--pilot-rows", "30"], "--select")])
+                                            (["--kernel", "fsard", "--select", "--pilot-rows", "30"], "selecting inputs"),
+                                            (["--kernel", "fsard", "--pilot-rows", "30"], "per frequency"),
+                                            (["--num-samples", "0"], "--num-samples")])
 def test_bad_pilot_rows_are_refused_before_the_data_are_read(tmp_path, capsys, flags, message):
     assert main(["fit", str(tmp_path / "missing.csv"), "--target", "y", *flags, "-q"]) == 2
     assert message in capsys.readouterr().err
@@ -548,12 +555,14 @@ def test_the_estimator_and_bench_run_take_their_defaults_from_make_model_and_fit
     from alacarte import AlaCarteRegressor, fit
     from alacarte.cli import build_parser
     from alacarte.factory import component_candidates, make_model
+    from alacarte.training import resolve_samples
 
     def defaults(function):
         return {name: p.default for name, p in inspect.signature(function).parameters.items()}
 
     estimator, model, fitting = defaults(AlaCarteRegressor), defaults(make_model), defaults(fit)
-    assert estimator["num_samples"] == model["num_samples"]
+    # "auto" is make_model's number wherever no pilot fits the hyperparameters.
+    assert estimator["num_samples"] == "auto" and resolve_samples("auto", None) == model["num_samples"]
     # "auto" is make_model's number wherever it does not choose between several (docs/calibration.md).
     assert estimator["num_components"] == "auto"
     assert component_candidates("auto", "gm", model["num_samples"]) == (model["num_components"],)

@@ -117,7 +117,7 @@ def test_the_calibration_summary_compares_a_kernel_with_exact_ard_on_the_splits_
                                                   validation_fraction=0.0, num_features=1024, nlpd=nlpd, **scores))
     append_row(path, calibration.FIELDS, dict(dataset="ds", split=0, method="gm", validation_fraction=0.2, num_features=1024,
                                               nlpd=0.05, **scores))
-    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, pilot_rows="auto", paper_protocol=None, num_draws=1,
                               feature_draws=None, splits=None)
     text = calibration.report(args)
     assert "| gm | 1/1 (+0.05) | — | 0/0 | 0/0 | 0/1 |" in text  # against split 0's 0.0, not the three splits' mean
@@ -137,7 +137,7 @@ def test_the_calibration_report_reads_the_feature_kernels_at_one_d_against_exact
         for split, nlpd in enumerate(values):
             append_row(path, calibration.FIELDS, dict(dataset=f"ds{dataset}", split=split, method=method, nlpd=nlpd,
                                                       num_features=features, validation_fraction=fraction, **scores))
-    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, pilot_rows="auto", paper_protocol=None, num_draws=1,
                               feature_draws=None, splits=None)
     text = calibration.report(args)
     assert "| ds0 [2] | 1.00 | 1.50 |" in text and "| gm | 0/2 (+0.50) |" in text
@@ -160,7 +160,7 @@ def test_the_calibration_report_lists_the_cells_above_a_tenth_with_their_standar
         for split, nlpd in enumerate(values):
             append_row(path, calibration.FIELDS, dict(dataset="ds", split=split, method=method, num_features=1024,
                                                       validation_fraction=fraction, nlpd=nlpd, **scores))
-    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws=1,
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, pilot_rows="auto", paper_protocol=None, num_draws=1,
                               feature_draws=None, splits=None)
     text = calibration.report(args)
     # differences 0.1, 0.3, 0.5: mean 0.3, standard deviation 0.2, over √3
@@ -179,7 +179,7 @@ def test_the_calibration_report_takes_a_csv_rerun_over_a_feature_draw_line_of_th
                                               num_features=1024, n_train=100, nlpd=0.25, num_draws=5, **scores))
     lines.write_text(json.dumps(dict(dataset="ds", split=0, method="gm", K=5,
                                      moment_matched=dict(nlpd=0.75, **scores))) + "\n")
-    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, paper_protocol=None, num_draws="auto",
+    args = argparse.Namespace(csv=[path], protocol="0.2", num_samples=512, pilot_rows="auto", paper_protocol=None, num_draws="auto",
                               feature_draws=[lines], splits=None)
     assert "| ds [1] | 0.00 | 0.25 |" in calibration.report(args)
 
@@ -214,8 +214,8 @@ def test_the_calibration_mixture_of_draws_is_what_the_estimator_predicts(tmp_pat
     x_train, y_train = np.vstack([x[:60], x[:10]]), np.r_[y[:60], y[:10] + 0.01 * rng.standard_normal(10)]
     x_test, y_test = np.vstack([x[60:], x[:5]]), np.r_[y[60:], y[:5] + 0.01 * rng.standard_normal(5)]
     data = argparse.Namespace(x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
-    args = argparse.Namespace(num_samples=16, num_components="4", validation_fraction=0.2, num_draws="auto",
-                              replicates=True, alone_csv=str(tmp_path / "alone.csv"))
+    args = argparse.Namespace(num_samples=16, pilot_rows="auto", num_components="4", validation_fraction=0.2,
+                              num_draws="auto", replicates=True, alone_csv=str(tmp_path / "alone.csv"))
     row = calibration.run_cell(data, "toy", 1, "gm", 2, args)
     reg = AlaCarteRegressor("gm", num_samples=16, num_draws=2, random_state=1, max_iter=100).fit(x_train, y_train)
     mean, std = reg.predict(x_test, return_std=True)
@@ -230,6 +230,29 @@ def test_the_calibration_mixture_of_draws_is_what_the_estimator_predicts(tmp_pat
     assert row["rmse"] == pytest.approx(expected["rmse"], rel=1e-9)
     single = calibration.run_cell(data, "toy", 1, "gm", 1, args)
     assert single["nlpd"] != pytest.approx(row["nlpd"], rel=1e-3)  # the second draw changes the prediction
+
+
+def test_a_calibration_cell_on_a_pilot_is_what_the_estimator_with_that_pilot_predicts(tmp_path):
+    """``--pilot-rows`` fits GM as ``AlaCarteRegressor(pilot_rows=…)`` does; exact ARD, the reference, fits every row."""
+    import calibration
+    import numpy as np
+    import torch
+    from alacarte import AlaCarteRegressor
+    from alacarte.bench.scores import predictive_scores
+
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-2, 2, (100, 2))
+    y = np.sin(2 * x[:, 0]) + 0.1 * rng.standard_normal(100)
+    data = argparse.Namespace(x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:])
+    args = argparse.Namespace(num_samples=16, pilot_rows=30, num_components="4", validation_fraction=0.2,
+                              num_draws=1, replicates=True, alone_csv=None)
+    row = calibration.run_cell(data, "toy", 2, "gm", 1, args)
+    reg = AlaCarteRegressor("gm", num_samples=16, num_draws=1, pilot_rows=30, random_state=2).fit(x[:80], y[:80])
+    mean, std = reg.predict(x[80:], return_std=True)
+    expected = predictive_scores(torch.as_tensor(mean), torch.as_tensor(std**2), torch.as_tensor(y[80:]))
+    assert row["nlpd"] == pytest.approx(expected["nlpd"], rel=1e-9) and row["num_features"] == 32
+    assert calibration.cell_size("exact-ard", 10**6, "auto", 30) == (512, None)
+    assert calibration.cell_size("gm", 10**6, "auto", "auto") == (2048, 5000)
 
 
 def test_compare_runs_refuses_a_results_file_that_does_not_exist(tmp_path, capsys):

@@ -451,9 +451,23 @@ def test_numpy_scalars_from_a_grid_search_save_and_reload(tmp_path):
     reg = AlaCarteRegressor("gm", num_samples=np.int64(16), num_components=np.int32(2), max_iter=np.int64(5),
                             restarts=1, restart_iter=2, random_state=np.int64(3), progress=np.bool_(False),
                             pilot_rows=np.int64(40)).fit(x, y)
-    loaded = load_model(save_model(reg, tmp_path / "r.alacarte"))
+    path = save_model(reg, tmp_path / "r.alacarte")
+    loaded = load_model(path)
     assert loaded.get_params() == reg.get_params()
+    assert (loaded.pilot_rows_, loaded.num_samples_) == (reg.pilot_rows_, reg.num_samples_) == (40, 16)
     assert all(type(v) in (int, bool, str) for v in loaded.get_params().values())
+    payload = torch.load(io.BytesIO(_parts(path.read_bytes())[1]), weights_only=True)
+    for name in ("pilot_rows_", "num_samples_"):
+        bad = {**payload, "record": {**payload["record"], "fitted": {**payload["record"]["fitted"], name: 0}}}
+        (tmp_path / "bad.alacarte").write_bytes(_rewritten(path.read_bytes(), body=_torch_bytes(bad)))
+        with pytest.raises(ValueError, match=name):
+            load_model(tmp_path / "bad.alacarte")
+    # A file written before the estimator resolved them: its int settings are what it fitted with.
+    older = {k: v for k, v in payload["record"]["fitted"].items() if k not in ("pilot_rows_", "num_samples_")}
+    (tmp_path / "old.alacarte").write_bytes(_rewritten(path.read_bytes(), body=_torch_bytes(
+        {**payload, "record": {**payload["record"], "fitted": older}})))
+    old = load_model(tmp_path / "old.alacarte")
+    assert (old.pilot_rows_, old.num_samples_) == (40, 16)
     assert np.array_equal(loaded.predict(x), reg.predict(x))
     # A kernel built with numpy sizes keeps Python ints, which the model file records.
     kernel = ac.SpectralMixtureFastfoodKernel(np.int64(3), np.int64(16), num_components=np.int64(2), seed=0)

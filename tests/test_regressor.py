@@ -15,8 +15,9 @@ from sklearn.preprocessing import StandardScaler
 import alacarte as ac
 from alacarte import AlaCarteRegressor, FSARDKernel, FSGBARDKernel
 from alacarte.regressor import choose_components, kernel_relevance
-from alacarte.training import FitHistory
-from alacarte.factory import KERNEL_NAMES, make_model
+from alacarte.training import (AUTO_PILOT_ABOVE, AUTO_PILOT_SAMPLES, PILOT_ROWS, PILOT_SAMPLES, FitHistory, resolve_pilot,
+                               resolve_samples)
+from alacarte.factory import DEFAULT_SAMPLES, KERNEL_NAMES, make_model
 from selection_cases import two_sines
 
 # Small enough to fit in a fraction of a second, large enough to fit well.
@@ -458,7 +459,51 @@ def test_pilot_rows_fit_a_pilot_and_condition_on_every_row():
     assert reg.log_marginal_likelihood_ == pytest.approx(expected, rel=1e-9)
 
 
-@pytest.mark.parametrize("setting, message", [({"pilot_rows": 0}, "pilot_rows"), ({"pilot_rows": 2.5}, "pilot_rows"),
+def test_auto_fits_on_a_pilot_above_the_threshold_with_more_features(monkeypatch):
+    """The defaults above AUTO_PILOT_ABOVE rows are the estimator with ``pilot_rows=PILOT_ROWS`` and
+    ``num_samples=AUTO_PILOT_SAMPLES`` given (the same predictions); FSARD and ``select`` fit every row."""
+    import alacarte.training._pilot as pilot
+
+    monkeypatch.setattr(pilot, "AUTO_PILOT_ABOVE", 100)
+    monkeypatch.setattr(pilot, "PILOT_ROWS", 40)
+    monkeypatch.setattr(pilot, "AUTO_PILOT_SAMPLES", 64)
+    x, y = data(n=120)
+    settings = dict(num_components=2, num_draws=1, max_iter=10, restarts=1, restart_iter=3, random_state=3)
+    auto = AlaCarteRegressor("gm", **settings).fit(x, y)
+    given = AlaCarteRegressor("gm", pilot_rows=40, num_samples=64, **settings).fit(x, y)
+    assert (auto.pilot_rows_, auto.num_samples_, auto.model_.covar_module.num_features) == (40, 64, 128)
+    assert np.array_equal(auto.predict(x[:10], return_std=True), given.predict(x[:10], return_std=True))
+    below = AlaCarteRegressor("gm", **settings).fit(x[:100], y[:100])
+    assert (below.pilot_rows_, below.num_samples_) == (None, DEFAULT_SAMPLES)
+    fsard = AlaCarteRegressor("fsard", num_samples=16, **settings).fit(x, y)
+    assert fsard.pilot_rows_ is None and fsard.model_.train_targets.shape == (120,)
+
+
+@pytest.mark.parametrize("kernel, n, select, expected", [
+    ("gm", AUTO_PILOT_ABOVE + 1, False, PILOT_ROWS), ("pwl", AUTO_PILOT_ABOVE + 1, False, PILOT_ROWS),
+    ("gm", AUTO_PILOT_ABOVE, False, None), ("fsard", 10**6, False, None), ("fsgbard", 10**6, False, None),
+    ("ssgpr", 10**6, False, None), ("exact-ard", 10**6, False, None), ("fastfood-ard", 10**6, True, None)])
+def test_resolve_pilot_auto(kernel, n, select, expected):
+    assert resolve_pilot("auto", kernel, n, select) == expected
+    assert resolve_pilot(None, kernel, n, select) is None
+    assert resolve_samples("auto", expected) == (DEFAULT_SAMPLES if expected is None else AUTO_PILOT_SAMPLES)
+    assert resolve_samples(96, expected) == 96
+    # A model no wider than the pilot fits every row; a wider one, named or an object, takes the pilot.
+    assert resolve_pilot("auto", kernel, n, select, num_samples=PILOT_SAMPLES) is None
+    assert resolve_pilot("auto", kernel, n, select, num_samples=2 * PILOT_SAMPLES) == expected
+
+
+def test_auto_takes_a_pilot_for_a_kernel_object_wider_than_it():
+    wide, narrow = (ac.SpectralMixtureFastfoodKernel(3, m, num_components=4) for m in (2 * PILOT_SAMPLES, PILOT_SAMPLES))
+    big = AUTO_PILOT_ABOVE + 1
+    assert resolve_pilot("auto", wide, big, num_samples=wide.num_samples) == PILOT_ROWS
+    assert resolve_pilot("auto", narrow, big, num_samples=narrow.num_samples) is None
+
+
+@pytest.mark.parametrize("setting, message", [({"pilot_rows": "some"}, "pilot_rows"),
+                                              ({"num_samples": "many"}, "num_samples"),
+                                              ({"pilot_rows": 40, "kernel": "exact-ard"}, "per frequency"),
+                                              ({"pilot_rows": 0}, "pilot_rows"), ({"pilot_rows": 2.5}, "pilot_rows"),
                                               ({"pilot_rows": 40, "kernel": "fsard"}, "per frequency"),
                                               ({"pilot_rows": 40, "select": True, "kernel": "fastfood-ard"}, "select")])
 def test_bad_pilot_settings_are_value_errors(setting, message):

@@ -9,6 +9,8 @@ from ._diagnostics import noise_at_bound
 from ._fit import fit
 from ._history import FitHistory
 from ._optimization import current_loss, marginal_log_likelihood, negative_mll
-from ._pilot import fit_pilot
+from ._pilot import (AUTO_PILOT_ABOVE, AUTO_PILOT_SAMPLES, PILOT_ROWS, PILOT_SAMPLES, fit_pilot, resolve_pilot,
+                     resolve_samples)
 
-__all__ = ["FitHistory", "fit", "fit_pilot", "marginal_log_likelihood"]
+__all__ = ["FitHistory", "fit", "fit_pilot", "marginal_log_likelihood", "resolve_pilot", "resolve_samples",
+           "PILOT_ROWS", "PILOT_SAMPLES", "AUTO_PILOT_ABOVE", "AUTO_PILOT_SAMPLES"]

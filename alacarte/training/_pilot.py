@@ -9,8 +9,10 @@ import numpy as np
 import torch
 
 from .._validation import check_positive_int, check_seed
+from ..factory import DEFAULT_SAMPLES, KERNEL_NAMES, widenable
 from ..holdout import HeldOut, held_out_count, resolve_fraction
 from ..init import signal_variance_parameter
+from ..kernels import FeatureKernel
 from ..mll import WoodburyMarginalLogLikelihood
 from ..models import FeatureGP
 from ..streaming import is_streamed_input
@@ -18,13 +20,66 @@ from ..woodbury import SufficientStatistics
 from ._fit import fit
 from ._history import FitHistory
 
-__all__ = ["PILOT_ROWS", "PILOT_SAMPLES", "fit_pilot"]
+__all__ = ["PILOT_ROWS", "PILOT_SAMPLES", "AUTO_PILOT_ABOVE", "AUTO_PILOT_SAMPLES", "fit_pilot", "resolve_pilot",
+           "resolve_samples"]
 
 #: Rows of the pilot fit.  Hyperparameters settle on far fewer rows than the posterior can use:
 #: kin40k's GM fitted on 5 000 of 36 000 rows predicts better with every row (experiments/results/large_data_pilot.md).
 PILOT_ROWS = 5000
 #: Frequencies of the pilot's kernel (D = 1 024, the estimator's default).
 PILOT_SAMPLES = 512
+#: Training rows above which ``pilot_rows="auto"`` fits on a pilot of :data:`PILOT_ROWS`.  There a whole
+#: fit's evaluations cost four times a pilot's and more, and the hyperparameters settle on the pilot's rows;
+#: below it the pilot is a third of the rows or more and saves little (docs/calibration.md, "Above 20 000 rows").
+AUTO_PILOT_ABOVE = 20_000
+#: Frequencies of the model ``num_samples="auto"`` gives where a pilot fits its hyperparameters (D = 4 096):
+#: its features cost O(nD²) once, not at every evaluation, and the rows can use them.
+AUTO_PILOT_SAMPLES = 2048
+
+
+def resolve_pilot(pilot_rows: int | str | None, kernel: str | FeatureKernel, n: int, select: bool = False,
+                  num_samples: int | str = "auto", name: str = "pilot_rows") -> int | None:
+    """The pilot's rows the estimator fits ``kernel`` (a name or a FeatureKernel) on for ``n`` training rows:
+    ``pilot_rows`` itself, ``None`` for a fit on every row, or for ``"auto"`` :data:`PILOT_ROWS` where there
+    are more than :data:`AUTO_PILOT_ABOVE` rows, the model is wider than the pilot (``num_samples``, the
+    model's frequencies, ``"auto"`` or above :data:`PILOT_SAMPLES`), the kernel learns no value per frequency
+    and no inputs are selected (:func:`~alacarte.selection.select_inputs` refits on every row), else ``None``.
+    A model no wider than its pilot predicts better from a fit on every row (kin40k, GM at D = 1 024: test
+    RMSE 0.100 against 0.119; docs/calibration.md, "Above 20 000 rows").
+
+    Raises:
+        ValueError: for anything but a positive int, ``None`` or ``"auto"``; a number of rows with
+            ``select`` or with a kernel that cannot be widened.
+    """
+    if pilot_rows is None:
+        return None
+    if isinstance(pilot_rows, str):
+        if pilot_rows != "auto":
+            raise ValueError(f"{name} must be a positive integer, None or 'auto', got {pilot_rows!r}")
+        wider = num_samples == "auto" or not isinstance(num_samples, str) and num_samples > PILOT_SAMPLES
+        return PILOT_ROWS if n > AUTO_PILOT_ABOVE and wider and not select and widenable(kernel) else None
+    rows = check_positive_int(pilot_rows, name)
+    if select:
+        raise ValueError(f"{name} does not combine with selecting inputs: select_inputs refits on every row")
+    if not widenable(kernel):
+        names = ", ".join(k for k in KERNEL_NAMES if widenable(k))
+        raise ValueError(f"{name} needs a kernel that learns no value per frequency ({names}), got {kernel!r}")
+    return rows
+
+
+def resolve_samples(num_samples: int | str, pilot_rows: int | None, name: str = "num_samples") -> int:
+    """A named kernel's frequencies: ``num_samples`` itself, or for ``"auto"`` :data:`AUTO_PILOT_SAMPLES` where
+    a pilot fits the hyperparameters (``pilot_rows`` not ``None``) and :data:`~alacarte.factory.DEFAULT_SAMPLES`
+    where the fit runs on every row.
+
+    Raises:
+        ValueError: for anything but a positive int or ``"auto"``.
+    """
+    if num_samples == "auto":
+        return DEFAULT_SAMPLES if pilot_rows is None else AUTO_PILOT_SAMPLES
+    if isinstance(num_samples, str):
+        raise ValueError(f"{name} must be a positive integer or 'auto', got {num_samples!r}")
+    return check_positive_int(num_samples, name)
 
 
 def fit_pilot(model: FeatureGP, x, y, *, rows: int = PILOT_ROWS, num_samples: int = PILOT_SAMPLES,
