@@ -18,7 +18,8 @@ stopping); the restarts are chosen by the same score.
 
 Then the noise variance σ² and that overall scale are chosen by the same score, with each
 held-out row predicted from all the other rows, kept and held out: the posterior the model
-will predict with (:meth:`HeldOut.calibrate`).
+will predict with (:meth:`HeldOut.calibrate`); from :data:`TAIL_ROWS` held-out rows, every row votes on
+the scale, the kept rows' residuals corrected by the held-out rows' (:meth:`HeldOut.every_row_scale`).
 A finite feature map is a misspecified model of the kernel it approximates: with D
 features and n ≳ D rows the training rows pin down the weights and the posterior
 variance between them is far too small, while the likelihood of the training rows
@@ -44,8 +45,9 @@ from .init import scale_signal, set_noise, signal_variance_parameter
 from .mll import homoskedastic_noise
 from .woodbury import NotPositiveDefiniteError, SufficientStatistics, WoodburyPosterior, sufficient_statistics
 
-__all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "SCALE_PRIOR_ROWS", "HeldOut", "check_fraction",
-           "held_out_count", "maximize_band_likelihood", "resolve_fraction", "scores_iterates", "split_rows"]
+__all__ = ["RECOMMENDED_FRACTION", "MAX_ROWS", "PATIENCE", "SCALE_PRIOR_ROWS", "TAIL_ROWS", "HeldOut",
+           "check_fraction", "held_out_count", "maximize_band_likelihood", "resolve_fraction", "scores_iterates",
+           "split_rows"]
 
 #: The share of training rows a feature GP's fit holds out by default (docs/calibration.md).
 RECOMMENDED_FRACTION = 0.2
@@ -57,6 +59,9 @@ PATIENCE = 20
 _MIN_ROWS = 10
 #: The weight, in held-out rows, of the variance scale's prior centre s = 1 (see :class:`HeldOut`).
 SCALE_PRIOR_ROWS = 20
+#: From this many held-out rows, every row votes on the band's scale (:meth:`HeldOut.every_row_scale`): their
+#: median then pins the kept rows' correction to about a tenth.
+TAIL_ROWS = 400
 # The noise search's range in standardised units (the targets' variance is 1), and its precision in log σ².
 _NOISE_RANGE = (1e-6, 10.0)
 _LOG_NOISE_TOLERANCE = 1e-3
@@ -199,17 +204,56 @@ class HeldOut:
         for :meth:`score_and_scale`."""
         return self.score_and_scale(statistics)[0]
 
-    def _leave_one_out(self, statistics: SufficientStatistics, phi: Tensor) -> tuple[Tensor, Tensor]:
+    def _leave_one_out(self, statistics: SufficientStatistics, phi: Tensor, x: Tensor | None = None,
+                       y: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Each held-out row's predictive mean and variance under the posterior of *all other* rows,
-        kept and held out (``statistics``: all rows', ``phi``: the held-out rows' features).
+        kept and held out (``statistics``: all rows', ``phi``: the held-out rows' features); or of the
+        rows ``x, y`` (features ``phi``), each among the rows of ``statistics``.
 
         With A = ΦᵀΦ + σ²I over all rows and the leverage h = φᵀA⁻¹φ < 1 of a held-out row, removing
         that row from the posterior divides its residual by 1 − h and makes its predictive variance
         σ²/(1 − h) (the rank-one downdate of A)."""
+        x, y = (self.x, self.y) if x is None else (x, y)
         posterior = WoodburyPosterior(statistics, homoskedastic_noise(self.model.likelihood))
-        mean = self.model.mean_module(self.x) + posterior.mean(phi)
+        mean = self.model.mean_module(x) + posterior.mean(phi)
         keep = (1 - posterior.latent_variance(phi) / posterior.noise).clamp_min(torch.finfo(phi.dtype).eps)
-        return self.y - (self.y - mean) / keep, posterior.noise / keep
+        return y - (y - mean) / keep, posterior.noise / keep
+
+    @torch.no_grad()
+    def every_row_scale(self, statistics: SufficientStatistics, phi: Tensor) -> float | None:
+        """The band's scale s* counted on every row, each predicted from all the others (``statistics``:
+        all rows', ``phi``: the held-out rows' features), where the held-out rows are at least
+        :data:`TAIL_ROWS`; else ``None``.
+
+        The kept rows' standardised squared residuals z² = (y − m₋ᵢ)²/v₋ᵢ come from a fit that has seen
+        them, so they run smaller than the held-out rows' by a factor c, which the ratio of the two
+        medians measures (a median: untouched by a few far-off rows).  Then
+        s* = (Σ_H z² + c Σ_T z² + ν)/(n + ν): the held-out rows say how wide the band's body should be,
+        and every row votes on its tails, with five times the rows of the held-out part alone."""
+        if self.rows < TAIL_ROWS:
+            return None
+        self.model.eval()
+        try:
+            held = self._standardized_squares(self._leave_one_out(statistics, phi), self.y)
+            kept = torch.cat([self._standardized_squares(self._leave_one_out(
+                statistics, self.model.covar_module.features(x), x, y), y) for x, y in self._kept_chunks()])
+        finally:
+            self.model.train()
+        factor = float(held.median() / kept.median())
+        scale = (float(held.sum()) + factor * float(kept.sum()) + SCALE_PRIOR_ROWS) / (
+            held.numel() + kept.numel() + SCALE_PRIOR_ROWS)
+        return scale if math.isfinite(scale) and scale > 0 else None
+
+    def _kept_chunks(self):
+        """The kept rows (the model's training rows), in chunks within the model's memory budget."""
+        (x,), y = self.model.train_inputs, self.model.train_targets
+        rows = self.model.chunk_rows()
+        return ((x[i:i + rows], y[i:i + rows]) for i in range(0, y.shape[-1], rows))
+
+    @staticmethod
+    def _standardized_squares(predictive: tuple[Tensor, Tensor], y: Tensor) -> Tensor:
+        mean, variance = predictive
+        return (y - mean) ** 2 / variance
 
     @torch.no_grad()
     def _all_rows(self, statistics: SufficientStatistics | None = None) -> tuple[SufficientStatistics, Tensor] | None:
@@ -239,7 +283,10 @@ class HeldOut:
         rows: the final model conditions on all rows, so its σ² and scale are chosen for a posterior
         of n − 1 rows, not for the kept rows' alone.  The rows' statistics do not depend on σ²: one
         pass serves every σ² the search tries."""
-        rows = self._all_rows()
+        return self._measure(self._all_rows())
+
+    def _measure(self, rows: tuple[SufficientStatistics, Tensor] | None):
+        """:meth:`calibration_score` given :meth:`_all_rows`."""
         if rows is None:
             return self.score_and_scale
         return lambda: self._scored(lambda: self._leave_one_out(*rows))
@@ -248,7 +295,9 @@ class HeldOut:
     def calibrate(self) -> tuple[float, float] | None:
         """Choose σ² (in its constraint and in [1e-6, 10] standardised) by a bounded search on
         log σ² for the lowest score of the held-out rows, each predicted from all other rows
-        (:meth:`calibration_score`), then multiply σ² and σ_f² by that σ²'s s*.
+        (:meth:`calibration_score`), then multiply σ² and σ_f² by that σ²'s s* — for a feature GP
+        with at least :data:`TAIL_ROWS` held-out rows, s* counted on every row
+        (:meth:`every_row_scale`).
 
         The constraint's lower bound guards the marginal likelihood, which σ² → 0 can reward on
         rows it has seen; the held-out rows have not been seen.  Where the search ends on the
@@ -266,14 +315,16 @@ class HeldOut:
         floor = noise_covar.raw_noise_constraint.lower_bound.clone()
         low = max(_NOISE_RANGE[0], 2 * float(floor.max()))
         high = min(_NOISE_RANGE[1], float(noise_covar.raw_noise_constraint.upper_bound))
-        measure = self.calibration_score()
+        rows = self._all_rows()
+        measure = self._measure(rows)
         best = self._search(measure, low, high, (measure()[0], float(self.model.likelihood.noise.min())))
         below = low > _NOISE_RANGE[0] and math.log(best[1] / low) < _AT_BOUND
         if below:  # the search ended on the likelihood's floor: the held-out rows may want less
             _set_noise_bound(self.model, floor.clamp_max(_NOISE_RANGE[0] / 2), best[1])
             best = self._search(measure, _NOISE_RANGE[0], low, best)
         set_noise(self.model, best[1])
-        return self._scaled(measure()[1], best[1], floor, below)
+        tails = None if rows is None else self.every_row_scale(*rows)
+        return self._scaled(measure()[1] if tails is None else tails, best[1], floor, below)
 
     @torch.no_grad()
     def rescale(self, statistics: SufficientStatistics | None = None) -> tuple[float, float] | None:

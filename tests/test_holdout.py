@@ -235,6 +235,44 @@ def test_rescale_multiplies_noise_and_signal_by_the_leave_one_out_scale():
     assert scorer.rescale() is None
 
 
+def dense_standardized_squares(model, xs, ys, noise):
+    """Each row's (y − m₋ᵢ)²/v₋ᵢ under the dense GP k(x, x') = φ(x)ᵀφ(x') + σ² conditioned on every other row."""
+    phi, mu, n = model.covar_module.features(xs).detach(), model.mean_module(xs).detach(), len(ys)
+    squares = []
+    for i in range(n):
+        others = torch.arange(n) != i
+        gram = phi[others] @ phi[others].T + noise * torch.eye(n - 1, dtype=phi.dtype)
+        cross = phi[others] @ phi[i]
+        mean = mu[i] + cross @ torch.linalg.solve(gram, ys[others] - mu[others])
+        variance = phi[i] @ phi[i] - cross @ torch.linalg.solve(gram, cross) + noise
+        squares.append(float((ys[i] - mean) ** 2 / variance))
+    return torch.tensor(squares, dtype=torch.float64)
+
+
+def test_from_tail_rows_held_out_every_row_votes_on_the_scale(monkeypatch):
+    """With at least TAIL_ROWS held-out rows, calibrate's s* is (Σ_H z² + c Σ_T z² + ν)/(n + ν), z² each
+    row's leave-one-out residual over variance under the dense GP of every other row at the chosen σ²,
+    c the held-out rows' median z² over the kept rows'."""
+    x, y = data(n=70, noise=0.3)
+    y[::9] += 3.0  # a few far-off rows: the tails every row counts
+    model = make_model("fastfood-ard", 3, num_samples=16)
+    model.likelihood.noise, model.covar_module.outputscale = 0.05, 1.3
+    xs, ys = model.standardize(x, y)
+    kept, held = split_rows(70, 0.3, seed=5)
+    monkeypatch.setattr("alacarte.holdout.TAIL_ROWS", len(held))
+    model.set_train_data(xs[kept], ys[kept], strict=False)
+    noise, scale = HeldOut(model, xs[held], ys[held]).calibrate()
+    searched = noise / scale
+    model.likelihood.noise, model.covar_module.outputscale = searched, model.covar_module.outputscale / scale
+    squares = dense_standardized_squares(model, xs, ys, searched)
+    factor = float(squares[held].median() / squares[kept].median())
+    expected = (float(squares[held].sum()) + factor * float(squares[kept].sum()) + SCALE_PRIOR_ROWS) / (
+        70 + SCALE_PRIOR_ROWS)
+    assert scale == pytest.approx(expected, rel=1e-6)
+    held_alone = (float(squares[held].sum()) + SCALE_PRIOR_ROWS) / (len(held) + SCALE_PRIOR_ROWS)
+    assert abs(scale / held_alone - 1) > 0.05  # the rule moved the band
+
+
 def test_the_noise_and_scale_are_the_calibration_scores_minimum():
     x, y = data(n=200, noise=0.3)
     model = make_model("fsard", 3, num_samples=64)
