@@ -164,7 +164,7 @@ class HeldOut:
         if statistics is None:
             predictive = model.likelihood(model(self.x))
             return predictive.mean, predictive.variance
-        posterior = WoodburyPosterior(statistics, homoskedastic_noise(model.likelihood))
+        posterior = self._posterior(statistics)
         phi = model.covar_module.features(self.x)
         return model.mean_module(self.x) + posterior.mean(phi), posterior.latent_variance(phi) + posterior.noise
 
@@ -204,17 +204,20 @@ class HeldOut:
         for :meth:`score_and_scale`."""
         return self.score_and_scale(statistics)[0]
 
-    def _leave_one_out(self, statistics: SufficientStatistics, phi: Tensor, x: Tensor | None = None,
-                       y: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def _leave_one_out(self, statistics: SufficientStatistics, phi: Tensor) -> tuple[Tensor, Tensor]:
         """Each held-out row's predictive mean and variance under the posterior of *all other* rows,
-        kept and held out (``statistics``: all rows', ``phi``: the held-out rows' features); or of the
-        rows ``x, y`` (features ``phi``), each among the rows of ``statistics``.
+        kept and held out (``statistics``: all rows', ``phi``: the held-out rows' features).
 
         With A = ΦᵀΦ + σ²I over all rows and the leverage h = φᵀA⁻¹φ < 1 of a held-out row, removing
         that row from the posterior divides its residual by 1 − h and makes its predictive variance
         σ²/(1 − h) (the rank-one downdate of A)."""
-        x, y = (self.x, self.y) if x is None else (x, y)
-        posterior = WoodburyPosterior(statistics, homoskedastic_noise(self.model.likelihood))
+        return self._left_out(self._posterior(statistics), phi, self.x, self.y)
+
+    def _posterior(self, statistics: SufficientStatistics) -> WoodburyPosterior:
+        return WoodburyPosterior(statistics, homoskedastic_noise(self.model.likelihood))
+
+    def _left_out(self, posterior: WoodburyPosterior, phi: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`_leave_one_out` of the rows ``x, y`` (features ``phi``), each among the rows of ``posterior``."""
         mean = self.model.mean_module(x) + posterior.mean(phi)
         keep = (1 - posterior.latent_variance(phi) / posterior.noise).clamp_min(torch.finfo(phi.dtype).eps)
         return y - (y - mean) / keep, posterior.noise / keep
@@ -234,9 +237,10 @@ class HeldOut:
             return None
         self.model.eval()
         try:
-            held = self._standardized_squares(self._leave_one_out(statistics, phi), self.y)
-            kept = torch.cat([self._standardized_squares(self._leave_one_out(
-                statistics, self.model.covar_module.features(x), x, y), y) for x, y in self._kept_chunks()])
+            posterior = self._posterior(statistics)  # one factorisation for every chunk
+            held = self._standardized_squares(self._left_out(posterior, phi, self.x, self.y), self.y)
+            kept = torch.cat([self._standardized_squares(self._left_out(
+                posterior, self.model.covar_module.features(x), x, y), y) for x, y in self._kept_chunks()])
         finally:
             self.model.train()
         factor = float(held.median() / kept.median())

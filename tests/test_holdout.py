@@ -191,6 +191,17 @@ def test_a_fit_scores_its_iterates_from_the_likelihoods_statistics(monkeypatch):
     assert len(reused) >= 4 * len(recomputed) > 0
 
 
+def dense_leave_one_out(model, xs, ys, noise, i):
+    """Row i's predictive mean and variance under the dense GP k(x, x') = φ(x)ᵀφ(x') + σ² conditioned on
+    every other row."""
+    phi, mu, n = model.covar_module.features(xs).detach(), model.mean_module(xs).detach(), len(ys)
+    others = torch.arange(n) != i
+    gram = phi[others] @ phi[others].T + noise * torch.eye(n - 1, dtype=phi.dtype)
+    cross = phi[others] @ phi[i]
+    mean = mu[i] + cross @ torch.linalg.solve(gram, ys[others] - mu[others])
+    return mean, phi[i] @ phi[i] - cross @ torch.linalg.solve(gram, cross) + noise
+
+
 def test_the_leave_one_out_predictive_is_that_of_the_posterior_without_the_row():
     """Each held-out row's calibration predictive equals the dense GP's prediction of that row
     conditioned on every other row, kept and held out (k(x, x') = φ(x)ᵀφ(x'), the model's σ²)."""
@@ -202,14 +213,9 @@ def test_the_leave_one_out_predictive_is_that_of_the_posterior_without_the_row()
     model.set_train_data(xs[kept], ys[kept], strict=False)
     scorer = HeldOut(model, xs[held], ys[held])
     mean, variance = scorer.calibration_predictive()
-    phi, noise = model.covar_module.features(xs).detach(), float(model.likelihood.noise.detach())
-    mu = model.mean_module(xs).detach()
+    noise = float(model.likelihood.noise.detach())
     for row, i in enumerate(held.tolist()):
-        others = torch.arange(60) != i
-        gram = phi[others] @ phi[others].T + noise * torch.eye(59, dtype=phi.dtype)
-        cross = phi[others] @ phi[i]
-        dense_mean = mu[i] + cross @ torch.linalg.solve(gram, ys[others] - mu[others])
-        dense_variance = phi[i] @ phi[i] - cross @ torch.linalg.solve(gram, cross) + noise
+        dense_mean, dense_variance = dense_leave_one_out(model, xs, ys, noise, i)
         assert float(mean[row]) == pytest.approx(float(dense_mean), rel=1e-9, abs=1e-10)
         assert float(variance[row]) == pytest.approx(float(dense_variance), rel=1e-9)
 
@@ -235,20 +241,6 @@ def test_rescale_multiplies_noise_and_signal_by_the_leave_one_out_scale():
     assert scorer.rescale() is None
 
 
-def dense_standardized_squares(model, xs, ys, noise):
-    """Each row's (y − m₋ᵢ)²/v₋ᵢ under the dense GP k(x, x') = φ(x)ᵀφ(x') + σ² conditioned on every other row."""
-    phi, mu, n = model.covar_module.features(xs).detach(), model.mean_module(xs).detach(), len(ys)
-    squares = []
-    for i in range(n):
-        others = torch.arange(n) != i
-        gram = phi[others] @ phi[others].T + noise * torch.eye(n - 1, dtype=phi.dtype)
-        cross = phi[others] @ phi[i]
-        mean = mu[i] + cross @ torch.linalg.solve(gram, ys[others] - mu[others])
-        variance = phi[i] @ phi[i] - cross @ torch.linalg.solve(gram, cross) + noise
-        squares.append(float((ys[i] - mean) ** 2 / variance))
-    return torch.tensor(squares, dtype=torch.float64)
-
-
 def test_from_tail_rows_held_out_every_row_votes_on_the_scale(monkeypatch):
     """With at least TAIL_ROWS held-out rows, calibrate's s* is (Σ_H z² + c Σ_T z² + ν)/(n + ν), z² each
     row's leave-one-out residual over variance under the dense GP of every other row at the chosen σ²,
@@ -264,7 +256,8 @@ def test_from_tail_rows_held_out_every_row_votes_on_the_scale(monkeypatch):
     noise, scale = HeldOut(model, xs[held], ys[held]).calibrate()
     searched = noise / scale
     model.likelihood.noise, model.covar_module.outputscale = searched, model.covar_module.outputscale / scale
-    squares = dense_standardized_squares(model, xs, ys, searched)
+    left_out = [dense_leave_one_out(model, xs, ys, searched, i) for i in range(70)]
+    squares = torch.stack([(ys[i] - mean) ** 2 / variance for i, (mean, variance) in enumerate(left_out)])
     factor = float(squares[held].median() / squares[kept].median())
     expected = (float(squares[held].sum()) + factor * float(squares[kept].sum()) + SCALE_PRIOR_ROWS) / (
         70 + SCALE_PRIOR_ROWS)
