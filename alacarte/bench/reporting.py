@@ -196,44 +196,98 @@ def report(args: argparse.Namespace) -> str:
     timed_out = [r for _, r in every_row if r.get("status") == "timeout"]
     paper = load_paper(args.paper)
     column_of = _column_of(rows, timed_out)
+    seen = _cells_once(every_row, column_of)
+    cells = _Cells.of(rows, column_of)
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows + timed_out))
+    ran = {column for _, column in cells.rmse}
+    # settings none of whose cells finished in time still get their column (of timeouts)
+    methods = sorted(ran | {column_of(r) for r in timed_out if not any(_timed_out_in(r, c, column_of) for c in ran)},
+                     key=Column.order)
+    paper_methods = [m for m in METHODS if m in PAPER_COLUMNS and any(c.method == m for c in methods)]
+    sizes_of = {ds: next((r["n_train"] for r in rows if r["dataset"] == ds), "—") for ds in datasets}
+    lines = _preamble(args.command, rows, methods)
+    lines += _summary(datasets, sizes_of, methods, cells.rmse, cells.nlpd, paper, cells.ran_as_fastfood)
+    lines += ["**Every configuration**", ""]
+    lines += [_table_row("dataset", "n train", *map(str, methods), *(f"{PAPER_COLUMNS[m]} (paper)" for m in paper_methods)),
+              "|" + "---|" * (2 + len(methods) + len(paper_methods))]
+    wins, normalised = defaultdict(int), defaultdict(dict)  # normalised[method][dataset]
+    for ds in datasets:
+        ours = {m: float(np.mean(cells.rmse[(ds, m)])) for m in methods if cells.rmse[(ds, m)]}
+        theirs = {m: paper[(ds, PAPER_COLUMNS[m])].mean for m in paper_methods if (ds, PAPER_COLUMNS[m]) in paper}
+        best = min([*ours.values(), *theirs.values()], default=None)
+        if ours:  # (else every cell of the dataset timed out)
+            best_ours = min(ours.values())
+            wins[min(ours, key=ours.get)] += 1
+            for m, v in ours.items():
+                normalised[m][ds] = v / best_ours
+        ours_cells = [_our_cell(cells, ds, m, best, _timeouts(timed_out, ds, m, column_of, seen)) for m in methods]
+        papers = [paper.get((ds, PAPER_COLUMNS[m])) for m in paper_methods]
+        theirs_cells = ["—" if p is None else (f"**{p.printed}**" if p.mean == best else p.printed) for p in papers]
+        lines.append(_table_row(ds, sizes_of[ds], *ours_cells, *theirs_cells))
+    lines += _standing(datasets, methods, len(paper_methods), wins, normalised)
+    lines += _goals(datasets, methods, cells.rmse, cells.ran_as_fastfood, paper)
+    lines += _same_method_ratios(datasets, methods, cells.rmse, cells.ran_as_fastfood, paper)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    return text
+
+
+def _table_row(*cells) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _cells_once(every_row, column_of) -> dict:
+    """(dataset, split, column) → the file of each finished row; a cell given twice is refused: it
+    would weigh twice in its mean."""
     seen = {}
-    for path, r in every_row:  # one cell counted twice would weigh twice in its mean
+    for path, r in every_row:
         if r.get("status", "ok") == "ok":
             cell = (r["dataset"], int(r["split"]), column_of(r))
             if cell in seen:
                 raise ValueError(f"{r['dataset']} split {r['split']} {cell[2]} appears twice ({seen[cell]} and {path}): "
                                  "give each results file once, and remove the repeated row")
             seen[cell] = path
-    rmse, seconds, memory, gpu_memory = defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list)
-    nlpd, coverage95 = defaultdict(list), defaultdict(list)  # where recorded (coverage: rows since the column)
-    ran_as_fastfood = set()  # (dataset, column) keys of exact GPs fitted as Fastfood expansions (n ≥ 2000)
-    converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
-    at_floor = defaultdict(list)  # likewise
-    for r in rows:
-        key = (r["dataset"], column_of(r))
-        rmse[key].append(float(r["rmse"]))
-        if r.get("nlpd"):
-            nlpd[key].append(float(r["nlpd"]))
-        if r.get("coverage95"):
-            coverage95[key].append(float(r["coverage95"]))
-        seconds[key].append(float(r["train_seconds"]))
-        memory[key].append(float(r["peak_rss_mb"]))
-        if r.get("peak_device_mb"):
-            gpu_memory[key].append(float(r["peak_device_mb"]))
-        if r["method"].startswith("exact") and (r.get("model") or r["method"]).startswith("fastfood"):
-            ran_as_fastfood.add(key)
-        if r.get("converged"):
-            converged[key].append(r["converged"] == "True")
-        if (ended := ended_at_noise_floor(r)) is not None:
-            at_floor[key].append(ended)
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows + timed_out))
-    ran = {column for _, column in rmse}
-    # settings none of whose cells finished in time still get their column (of timeouts)
-    methods = sorted(ran | {column_of(r) for r in timed_out if not any(_timed_out_in(r, c, column_of) for c in ran)},
-                     key=Column.order)
-    paper_methods = [m for m in METHODS if m in PAPER_COLUMNS and any(c.method == m for c in methods)]
+    return seen
+
+
+class _Cells:
+    """What the report reads of the finished rows, per (dataset, column): lists over the splits."""
+
+    def __init__(self):
+        self.rmse, self.seconds, self.memory, self.gpu_memory = (defaultdict(list) for _ in range(4))
+        self.nlpd, self.coverage95 = defaultdict(list), defaultdict(list)  # where recorded (coverage: rows since the column)
+        self.ran_as_fastfood = set()  # (dataset, column) keys of exact GPs fitted as Fastfood expansions (n ≥ 2000)
+        self.converged = defaultdict(list)  # rows from before the column existed have it blank: not counted
+        self.at_floor = defaultdict(list)  # likewise
+
+    @classmethod
+    def of(cls, rows, column_of) -> "_Cells":
+        cells = cls()
+        for r in rows:
+            key = (r["dataset"], column_of(r))
+            cells.rmse[key].append(float(r["rmse"]))
+            if r.get("nlpd"):
+                cells.nlpd[key].append(float(r["nlpd"]))
+            if r.get("coverage95"):
+                cells.coverage95[key].append(float(r["coverage95"]))
+            cells.seconds[key].append(float(r["train_seconds"]))
+            cells.memory[key].append(float(r["peak_rss_mb"]))
+            if r.get("peak_device_mb"):
+                cells.gpu_memory[key].append(float(r["peak_device_mb"]))
+            if r["method"].startswith("exact") and (r.get("model") or r["method"]).startswith("fastfood"):
+                cells.ran_as_fastfood.add(key)
+            if r.get("converged"):
+                cells.converged[key].append(r["converged"] == "True")
+            if (ended := ended_at_noise_floor(r)) is not None:
+                cells.at_floor[key].append(ended)
+        return cells
+
+
+def _preamble(command: str | None, rows, methods) -> list[str]:
+    """The command, how to read a cell, and (where several) the code versions of the rows."""
     sizes = sorted({_features(r) for r in rows} - {0})
-    lines = [f"Command: `{args.command}`" if args.command else "", "",
+    lines = [f"Command: `{command}`" if command else "", "",
              "Test RMSE, mean ± std over splits (number of splits in brackets when fewer than 10), and under it "
              "the mean test NLPD (nats per point, the targets' units) and the share of test targets inside the "
              "central 95% predictive interval where every split recorded them, the mean training seconds · peak "
@@ -253,74 +307,59 @@ def report(args: argparse.Namespace) -> str:
     if len(versions) > 1:
         lines += ["Rows by the code that produced them (version column): "
                   + ", ".join(f"{v}: {k}" for v, k in versions.items()) + ".", ""]
-    def table_row(*cells) -> str:
-        return "| " + " | ".join(cells) + " |"
-    sizes_of = {ds: next((r["n_train"] for r in rows if r["dataset"] == ds), "—") for ds in datasets}
-    lines += _summary(datasets, sizes_of, methods, rmse, nlpd, paper, ran_as_fastfood)
-    lines += ["**Every configuration**", ""]
-    lines += [table_row("dataset", "n train", *map(str, methods), *(f"{PAPER_COLUMNS[m]} (paper)" for m in paper_methods)),
-              "|" + "---|" * (2 + len(methods) + len(paper_methods))]
-    wins, normalised = defaultdict(int), defaultdict(dict)  # normalised[method][dataset]
-    for ds in datasets:
-        ours = {m: float(np.mean(rmse[(ds, m)])) for m in methods if rmse[(ds, m)]}
-        theirs = {m: paper[(ds, PAPER_COLUMNS[m])].mean for m in paper_methods if (ds, PAPER_COLUMNS[m]) in paper}
-        best = min([*ours.values(), *theirs.values()], default=None)
-        if ours:  # (else every cell of the dataset timed out)
-            best_ours = min(ours.values())
-            wins[min(ours, key=ours.get)] += 1
-            for m, v in ours.items():
-                normalised[m][ds] = v / best_ours
-        cells = []
-        for m in methods:
-            v = rmse[(ds, m)]
-            # (splits, not rows: a split another runner finished, or one that timed out twice, is not counted)
-            timed = len({int(r["split"]) for r in timed_out if r["dataset"] == ds and _timed_out_in(r, m, column_of)
-                         and (ds, int(r["split"]), m) not in seen})
-            if not v:
-                cells.append("timeout" if timed else "—")
-                continue
-            text = _fmt(np.mean(v), np.std(v)) + _split_count_marker(len(v))
-            text = f"**{text}**" if ours[m] == best else text
-            marker = " ff" if (ds, m) in ran_as_fastfood else ""
-            ended = converged[(ds, m)]
-            fits = f" · {sum(ended)}/{len(ended)} converged" if ended else ""
-            if any(at_floor[(ds, m)]):
-                fits += f" · {sum(at_floor[(ds, m)])}/{len(at_floor[(ds, m)])} at the noise floor"
-            if timed:  # (else the splits in brackets would seem never run)
-                fits += f" · {timed} timed out"
-            on_gpu = f" · {np.mean(gpu_memory[(ds, m)]):.0f} MB GPU" if gpu_memory[(ds, m)] else ""
-            calibration = (f"NLPD {np.mean(nlpd[(ds, m)]):.3g} · " if len(nlpd[(ds, m)]) == len(v) else "") + (
-                f"95% cover {np.mean(coverage95[(ds, m)]):.2f} · " if len(coverage95[(ds, m)]) == len(v) else "")
-            cells.append(f"{text}{marker}<br><sub>{calibration}{np.mean(seconds[(ds, m)]):.0f} s · "
-                         f"{np.mean(memory[(ds, m)]):.0f} MB{on_gpu}{fits}</sub>")
-        for m in paper_methods:
-            p = paper.get((ds, PAPER_COLUMNS[m]))
-            cells.append("—" if p is None else (f"**{p.printed}**" if p.mean == best else p.printed))
-        lines.append(table_row(ds, sizes_of[ds], *cells))
-    # (the label and the empty n-train cell as one piece: "| label | | …", as the committed reports print it)
-    # Where the methods ran on different datasets (exact GPs on the small ones only, a timeout), their wins and
-    # means are over different rows and do not rank them: say over how many, and add the rows every one ran.
+    return lines
+
+
+def _timeouts(timed_out, ds, m, column_of, seen) -> int:
+    """The splits of (ds, m) that timed out and no file finished: splits, not rows (a split another
+    runner finished, or one that timed out twice, is not counted)."""
+    return len({int(r["split"]) for r in timed_out if r["dataset"] == ds and _timed_out_in(r, m, column_of)
+                and (ds, int(r["split"]), m) not in seen})
+
+
+def _our_cell(cells: _Cells, ds, m, best, timed: int) -> str:
+    """One cell of the table: mean RMSE ± std (bold where the row's best), then NLPD, coverage, seconds,
+    memory and how the fits ended."""
+    key = (ds, m)
+    v = cells.rmse[key]
+    if not v:
+        return "timeout" if timed else "—"
+    text = _fmt(np.mean(v), np.std(v)) + _split_count_marker(len(v))
+    text = f"**{text}**" if float(np.mean(v)) == best else text
+    marker = " ff" if key in cells.ran_as_fastfood else ""
+    ended = cells.converged[key]
+    fits = f" · {sum(ended)}/{len(ended)} converged" if ended else ""
+    if any(cells.at_floor[key]):
+        fits += f" · {sum(cells.at_floor[key])}/{len(cells.at_floor[key])} at the noise floor"
+    if timed:  # (else the splits in brackets would seem never run)
+        fits += f" · {timed} timed out"
+    on_gpu = f" · {np.mean(cells.gpu_memory[key]):.0f} MB GPU" if cells.gpu_memory[key] else ""
+    calibration = (f"NLPD {np.mean(cells.nlpd[key]):.3g} · " if len(cells.nlpd[key]) == len(v) else "") + (
+        f"95% cover {np.mean(cells.coverage95[key]):.2f} · " if len(cells.coverage95[key]) == len(v) else "")
+    return (f"{text}{marker}<br><sub>{calibration}{np.mean(cells.seconds[key]):.0f} s · "
+            f"{np.mean(cells.memory[key]):.0f} MB{on_gpu}{fits}</sub>")
+
+
+def _standing(datasets, methods, paper_columns: int, wins, normalised) -> list[str]:
+    """The table's last rows: datasets won and mean normalised RMSE per column.
+
+    Where the methods ran on different datasets (exact GPs on the small ones only, a timeout), their wins and
+    means are over different rows and do not rank them: say over how many, and add the rows every one ran.
+    The label and the empty n-train cell print as one piece, "| label | | …"."""
     ran_on = {m: len(normalised[m]) for m in methods}
     uneven = len(set(ran_on.values())) > 1
-    lines.append(table_row("**datasets won** (ours" + (", of the datasets each ran" if uneven else "") + ") |",
-                           *(f"{wins[m]}" + (f" of {ran_on[m]}" if uneven else "") for m in methods),
-                           *("" for _ in paper_methods)))
-    lines.append(table_row("**mean normalised RMSE** (ours, 1 = best of ours"
-                           + (", over the datasets each ran, in brackets" if uneven else "") + ") |",
-                           *(f"{np.mean(list(normalised[m].values())):.3f}" + (f" ({ran_on[m]})" if uneven else "")
-                             if normalised[m] else "—" for m in methods),
-                           *("" for _ in paper_methods)))
+    blanks = ("",) * paper_columns
+    lines = [_table_row("**datasets won** (ours" + (", of the datasets each ran" if uneven else "") + ") |",
+                        *(f"{wins[m]}" + (f" of {ran_on[m]}" if uneven else "") for m in methods), *blanks),
+             _table_row("**mean normalised RMSE** (ours, 1 = best of ours"
+                        + (", over the datasets each ran, in brackets" if uneven else "") + ") |",
+                        *(f"{np.mean(list(normalised[m].values())):.3f}" + (f" ({ran_on[m]})" if uneven else "")
+                          if normalised[m] else "—" for m in methods), *blanks)]
     common = [ds for ds in datasets if all(ds in normalised[m] for m in methods)]
     if uneven and common:
-        lines.append(table_row(f"**mean normalised RMSE on the {len(common)} dataset{'s' * (len(common) > 1)} every method ran** |",
-                               *(f"{np.mean([normalised[m][ds] for ds in common]):.3f}" for m in methods),
-                               *("" for _ in paper_methods)))
-    lines += _goals(datasets, methods, rmse, ran_as_fastfood, paper)
-    lines += _same_method_ratios(datasets, methods, rmse, ran_as_fastfood, paper)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        Path(args.out).write_text(text)
-    return text
+        lines.append(_table_row(f"**mean normalised RMSE on the {len(common)} dataset{'s' * (len(common) > 1)} every method ran** |",
+                                *(f"{np.mean([normalised[m][ds] for ds in common]):.3f}" for m in methods), *blanks))
+    return lines
 
 
 def _mean_with_nlpd(rmse: list[float], nlpd: list[float]) -> str:
