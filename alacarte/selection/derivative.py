@@ -231,14 +231,7 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True)
         y = float64_targets(y).reshape(-1)
         n, d = X.shape
-        need = _memory_bytes(n, d)
-        if need > self.max_memory_bytes:
-            raise ValueError(
-                f"DerivativeSelector needs about {need / 2**30:.2f} GiB for n={n}, d={d} (its (n·d)² = "
-                f"{(n * d) ** 2:.3g}-entry derivative Gram matrix), above max_memory_bytes="
-                f"{self.max_memory_bytes / 2**30:.2f} GiB. It is a small-data baseline: subsample, raise "
-                f"max_memory_bytes, or use RFFNetRegressor."
-            )
+        self._check_memory(n, d)
         self.x_mean_, self.x_scale_ = column_standardization(X)
         X = self._standardise(X)
         # (a constant column is zeros once standardised and adds nothing to ‖x − x'‖²: counting it in d
@@ -247,20 +240,45 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
         self.gamma_ = self.gamma if self.gamma is not None else 1.0 / max(varying, 1)
         self.y_mean_ = float(column_standardization(y[:, None], "y")[0][0])
         self.x_train_ = X
+        K, Z, L = _gram_blocks(torch.from_numpy(X), self.gamma_)
+        alpha, beta = self._solve(K, Z, L, torch.from_numpy(y - self.y_mean_))
+        self.dual_coef_ = alpha.numpy().copy()
+        self.derivative_coef_ = beta.reshape(d, n).T.numpy().copy()
+        if not self.converged_:
+            warnings.warn(f"DerivativeSelector did not converge in max_iter={self.max_iter} iterations "
+                          f"(tol={self.tol}); raise max_iter or tol", ConvergenceWarning,
+                          stacklevel=3)  # the caller of fit (under unfitted_on_failure's frame)
+        # D̂ⱼ f = Zⱼᵀα + Lⱼβ: the partial derivatives at the training points, computed afresh rather than
+        # taken from the carried values, so that what is reported holds no round-off carried over the iterations
+        grads = (Z.T @ alpha + L @ beta).reshape(d, n)
+        self.derivative_norms_ = grads.square().mean(1).sqrt().numpy()
+        self.fitted_values_ = (K @ alpha + Z @ beta).numpy() + self.y_mean_
+        self._select(X, y, n)
+        self.n_features_in_ = d
+        return self
 
-        x = torch.from_numpy(X)
-        yc = torch.from_numpy(y - self.y_mean_)
-        K, Z, L = _gram_blocks(x, self.gamma_)
+    def _check_memory(self, n: int, d: int) -> None:
+        need = _memory_bytes(n, d)
+        if need > self.max_memory_bytes:
+            raise ValueError(
+                f"DerivativeSelector needs about {need / 2**30:.2f} GiB for n={n}, d={d} (its (n·d)² = "
+                f"{(n * d) ** 2:.3g}-entry derivative Gram matrix), above max_memory_bytes="
+                f"{self.max_memory_bytes / 2**30:.2f} GiB. It is a small-data baseline: subsample, raise "
+                f"max_memory_bytes, or use RFFNetRegressor."
+            )
+
+    def _solve(self, K: torch.Tensor, Z: torch.Tensor, L: torch.Tensor, yc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The coefficients (α, β) of f by the proximal iterations (14)–(17), from zero or, with
+        ``warm_start``, from the last fit's; sets ``n_iter_``, ``n_inner_iter_`` and ``converged_``."""
+        n, d = yc.shape[0], Z.shape[1] // yc.shape[0]
         sigma = (_top_eigenvalue(K) + self.mu) / 2
         shrink = 1 - self.mu / (2 * sigma)
         eta = 1.0 / _top_eigenvalue(L)
         radius = self.tau / (2 * sigma)
-
         warm = (self.warm_start and getattr(self, "dual_coef_", None) is not None and self.dual_coef_.shape == (n,)
                 and self.derivative_coef_.shape == (n, d))
         alpha = torch.from_numpy(self.dual_coef_.copy()) if warm else torch.zeros(n, dtype=torch.float64)
         beta = torch.from_numpy(self.derivative_coef_.T.reshape(-1).copy()) if warm else torch.zeros(n * d, dtype=torch.float64)
-
         # f's values and derivatives at the data, and L v: carried along (module docstring)
         values, grads = K @ alpha + Z @ beta, Z.T @ alpha + L @ beta
         v = torch.zeros(n * d, dtype=torch.float64)
@@ -292,19 +310,12 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
             if step <= self.tol:
                 converged = True
                 break
-
-        self.dual_coef_ = alpha.numpy().copy()
-        self.derivative_coef_ = beta.reshape(d, n).T.numpy().copy()
         self.n_iter_, self.n_inner_iter_, self.converged_ = it, inner_total, converged
-        if not converged:
-            warnings.warn(f"DerivativeSelector did not converge in max_iter={self.max_iter} iterations "
-                          f"(tol={self.tol}); raise max_iter or tol", ConvergenceWarning,
-                          stacklevel=3)  # the caller of fit (under unfitted_on_failure's frame)
-        # D̂ⱼ f = Zⱼᵀα + Lⱼβ: the partial derivatives at the training points, computed afresh rather than
-        # taken from the carried values, so that what is reported holds no round-off carried over the iterations
-        grads = (Z.T @ alpha + L @ beta).reshape(d, n)
-        self.derivative_norms_ = grads.square().mean(1).sqrt().numpy()
-        self.fitted_values_ = (K @ alpha + Z @ beta).numpy() + self.y_mean_
+        return alpha, beta
+
+    def _select(self, X: np.ndarray, y: np.ndarray, n: int) -> None:
+        """The relevances and the inputs whose derivative norm passes the threshold; the ridge refit on
+        them if ``refit``."""
         top = self.derivative_norms_.max()
         self.relevance_ = self.feature_importances_ = (self.derivative_norms_ / top if top > 0
                                                       else self.derivative_norms_.copy())
@@ -316,8 +327,6 @@ class DerivativeSelector(RegressorMixin, BaseEstimator):
             refit_gamma = self.gamma_ if self.refit_gamma is None else self.refit_gamma
             self.ridge_ = KernelRidge(alpha=self.refit_alpha, kernel="rbf", gamma=refit_gamma)
             self.ridge_.fit(X[:, self.selected_], y - self.y_mean_)
-        self.n_features_in_ = d
-        return self
 
     def _standardise(self, X: np.ndarray) -> np.ndarray:
         return (X - self.x_mean_) / self.x_scale_
