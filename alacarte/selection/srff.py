@@ -292,49 +292,19 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         self.random_offset_ = draw.uniform(0.0, 2 * np.pi, self.n_components)
         eps, offset = torch.tensor(self.random_weights_[:, varying]), torch.tensor(self.random_offset_)
 
-        n_val = int(round(self.validation_fraction * n))
         choose = self.alpha is None and self.n_alphas > 1
-        if choose and (n_val < 1 or n - n_val < 2):
-            raise ValueError(
-                f"choosing alpha needs at least 1 validation row and 2 training rows; n_samples = {n} with "
-                f"validation_fraction = {self.validation_fraction} holds out {n_val}: pass alpha=..., "
-                "or a larger validation_fraction"
-            )
-        if choose:
-            order = np.random.default_rng(seeds[1]).permutation(n)
-            val, train = torch.as_tensor(order[:n_val]), torch.as_tensor(order[n_val:])
-        else:
-            train = torch.arange(n)
+        train, val = self._split_rows(n, choose, seeds[1])
         problem = _SRFFProblem(xs[train], ys[train], eps, offset)
 
         sigma = _median_neighbour_distance(problem.x, self.n_neighbors, np.random.default_rng(seeds[2]))
         self.simplex_size_ = float(self.simplex_size) if self.simplex_size is not None else max(len(varying), 1) / sigma
         gamma0 = torch.full((len(varying),), self.simplex_size_ / max(len(varying), 1), dtype=torch.float64)
-
-        if self.alpha is not None:
-            self.alphas_ = np.array([float(self.alpha)])
-        else:
-            z0 = problem.features(gamma0)
-            top = float(torch.linalg.eigvalsh(z0.T @ z0)[-1])
-            self.alphas_ = np.geomspace(top, top * _GRID_RANGE, self.n_alphas)
-
+        self.alphas_ = self._alpha_grid(problem, gamma0)
         if not choose:
             gamma, coef, self.n_iter_ = self._fit_one(problem, gamma0, float(self.alphas_[-1]))
             self.alpha_, self.validation_mse_ = float(self.alphas_[-1]), None
         else:
-            x_val, y_val = xs[val], ys[val]
-            scores, best, since_best = [], None, 0
-            for alpha in self.alphas_:
-                gamma, coef, iters = self._fit_one(problem, gamma0, float(alpha))
-                pred = problem.scale * torch.cos(torch.addmm(offset, x_val * gamma, eps.T)) @ coef
-                scores.append(float(((y_val - pred) ** 2).mean()))
-                if best is None or scores[-1] < best[0]:
-                    best, since_best = (scores[-1], gamma, coef, float(alpha), iters), 0
-                elif best[0] < 0.99 * scores[0]:  # patience counts only past the flat start
-                    since_best += 1
-                    if self.path_patience is not None and since_best >= self.path_patience:
-                        break
-            _, gamma, coef, self.alpha_, self.n_iter_ = best
+            gamma, coef, scores = self._walk_path(problem, gamma0, xs[val], ys[val])
             # (numpy, not Python floats: y_scale**2 overflows for targets above ~1e154, where the MSE in
             # the target's units is inf but the standardised fit is fine)
             with np.errstate(over="ignore"):
@@ -346,6 +316,46 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         self.relevance_ = self.feature_importances_ = self.gamma_ / self.simplex_size_
         self.selected_ = np.flatnonzero(self.gamma_ > 0)
         return self
+
+    def _split_rows(self, n: int, choose: bool, seed) -> tuple[Tensor, Tensor | None]:
+        """(training rows, validation rows): a seeded split where λ is chosen, else every row and ``None``."""
+        if not choose:
+            return torch.arange(n), None
+        n_val = int(round(self.validation_fraction * n))
+        if n_val < 1 or n - n_val < 2:
+            raise ValueError(
+                f"choosing alpha needs at least 1 validation row and 2 training rows; n_samples = {n} with "
+                f"validation_fraction = {self.validation_fraction} holds out {n_val}: pass alpha=..., "
+                "or a larger validation_fraction"
+            )
+        order = np.random.default_rng(seed).permutation(n)
+        return torch.as_tensor(order[n_val:]), torch.as_tensor(order[:n_val])
+
+    def _alpha_grid(self, problem: _SRFFProblem, gamma0: Tensor) -> np.ndarray:
+        """``alpha`` alone, or ``n_alphas`` values down from the top eigenvalue of ZᵀZ at γ₀."""
+        if self.alpha is not None:
+            return np.array([float(self.alpha)])
+        z0 = problem.features(gamma0)
+        top = float(torch.linalg.eigvalsh(z0.T @ z0)[-1])
+        return np.geomspace(top, top * _GRID_RANGE, self.n_alphas)
+
+    def _walk_path(self, problem: _SRFFProblem, gamma0: Tensor, x_val: Tensor, y_val: Tensor):
+        """Fit at each λ of :attr:`alphas_` from γ₀, scored on the validation rows, until ``path_patience``
+        λ pass without a better score; sets ``alpha_`` and ``n_iter_`` of the best.  Returns (γ, a) of the
+        best λ and the scores of the λ walked."""
+        scores, best, since_best = [], None, 0
+        for alpha in self.alphas_:
+            gamma, coef, iters = self._fit_one(problem, gamma0, float(alpha))
+            pred = problem.scale * torch.cos(torch.addmm(problem.offset, x_val * gamma, problem.eps.T)) @ coef
+            scores.append(float(((y_val - pred) ** 2).mean()))
+            if best is None or scores[-1] < best[0]:
+                best, since_best = (scores[-1], gamma, coef, float(alpha), iters), 0
+            elif best[0] < 0.99 * scores[0]:  # patience counts only past the flat start
+                since_best += 1
+                if self.path_patience is not None and since_best >= self.path_patience:
+                    break
+        _, gamma, coef, self.alpha_, self.n_iter_ = best
+        return gamma, coef, scores
 
     def _fit_one(self, problem: _SRFFProblem, gamma: Tensor, alpha: float) -> tuple[Tensor, Tensor, int]:
         """Alternate ridge and γ steps at one λ from ``gamma``; returns (γ, a, iterations)."""
