@@ -222,6 +222,29 @@ class _RFFNetBase(BaseEstimator):
         # A constant column is all zeros once centred: its λ_j gets no gradient and would keep its start.
         start = np.where(varying_columns(X), 1.0 / math.sqrt(d), 0.0)
         params = _RFFNetParameters(omega, phase, torch.from_numpy(start))
+        history, best_epoch = self._train(params, (x_train, y_train), (x_val, y_val), gen)
+        self.network_ = params
+        self.n_features_in_ = d
+        self.n_random_features_ = s
+        self.validation_loss_ = np.array(history)
+        self.best_epoch_ = best_epoch
+        self.n_epochs_ = len(history)
+        self.output_weights_ = params.beta.numpy().copy()
+        self.intercept_ = float(params.intercept)
+        self.input_scales_ = params.relevance.abs().numpy() / self.x_scale_
+        magnitude = params.relevance.abs().numpy()
+        top = magnitude.max()
+        self.relevance_ = self.feature_importances_ = magnitude / top if top > 0 else magnitude
+        self.selected_ = np.flatnonzero(self.relevance_ > self.selection_threshold)
+        return self
+
+    def _train(self, params: _RFFNetParameters, train, val, gen: torch.Generator) -> tuple[list[float], int]:
+        """Alternate Adam steps on β and on λ over mini-batches of the ``train`` rows (x, y), epoch after
+        epoch, until ``patience`` epochs pass without a lower loss on the ``val`` rows (none: every epoch
+        counts, to ``max_epochs``); leaves ``params`` at the best epoch's.  Returns (the loss of every
+        epoch, the best epoch)."""
+        (x_train, y_train), (x_val, y_val) = train, val
+        n_train, n_val = x_train.shape[0], x_val.shape[0]
         opt_beta = _Adam([params.beta, params.intercept], self.learning_rate)
         opt_relevance = _Adam([params.relevance], self.learning_rate)
 
@@ -252,21 +275,7 @@ class _RFFNetBase(BaseEstimator):
         if not all(map(math.isfinite, history)):
             raise ValueError("RFFNet training diverged (non-finite loss); lower learning_rate")
         params.restore(best_state)
-
-        self.network_ = params
-        self.n_features_in_ = d
-        self.n_random_features_ = s
-        self.validation_loss_ = np.array(history)
-        self.best_epoch_ = best_epoch
-        self.n_epochs_ = len(history)
-        self.output_weights_ = params.beta.numpy().copy()
-        self.intercept_ = float(params.intercept)
-        self.input_scales_ = params.relevance.abs().numpy() / self.x_scale_
-        magnitude = params.relevance.abs().numpy()
-        top = magnitude.max()
-        self.relevance_ = self.feature_importances_ = magnitude / top if top > 0 else magnitude
-        self.selected_ = np.flatnonzero(self.relevance_ > self.selection_threshold)
-        return self
+        return history, best_epoch
 
     def _decision(self, X) -> np.ndarray:
         check_is_fitted(self, "network_")
