@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -583,3 +584,20 @@ def test_the_selection_benchmark_scores_what_the_estimator_with_select_predicts(
     np.testing.assert_array_equal(variance, expected_std ** 2)
     np.testing.assert_array_equal(selected, reg.selected_)
     np.testing.assert_array_equal(relevance, reg.relevance_)
+
+
+def test_the_line_search_without_extrapolation_takes_the_first_step_with_sufficient_decrease():
+    import evaluations_per_iteration
+
+    def along(x, t, d):  # f(x) = x² on the line x + t·d
+        point = x + t * d
+        return float(point @ point), 2 * point
+
+    x, d = torch.tensor([1.0]), torch.tensor([-4.0])  # t = 1 overshoots to −3 (f = 9 > 1)
+    gtd = float(2 * x @ d)
+    f_new, g_new, t, evaluations = evaluations_per_iteration.first_sufficient_decrease(along, x, 1.0, d, 1.0, 2 * x, gtd)
+    # The quadratic through f(0), f'(0) and f(1) is f itself: its minimiser t = 1/4 lands on x = 0.
+    assert (t, evaluations, f_new) == (0.25, 2, 0.0)
+    # At t = 0.01 the slope is still 0.96 of f'(0): strong Wolfe (c2 = 0.9) would extrapolate; this search stops.
+    f_new, _, t, evaluations = evaluations_per_iteration.first_sufficient_decrease(along, x, 0.01, d, 1.0, 2 * x, gtd)
+    assert (t, evaluations) == (0.01, 1) and f_new < 1.0
