@@ -231,8 +231,8 @@ class _RFFNetBase(BaseEstimator):
         self.n_epochs_ = len(history)
         self.output_weights_ = params.beta.numpy().copy()
         self.intercept_ = float(params.intercept)
-        self.input_scales_ = params.relevance.abs().numpy() / self.x_scale_
         magnitude = params.relevance.abs().numpy()
+        self.input_scales_ = magnitude / self.x_scale_
         top = magnitude.max()
         self.relevance_ = self.feature_importances_ = magnitude / top if top > 0 else magnitude
         self.selected_ = np.flatnonzero(self.relevance_ > self.selection_threshold)

@@ -38,11 +38,12 @@ class _SRFFProblem:
         self.n = x.shape[0]
         self.scale = math.sqrt(2.0 / eps.shape[0])
 
-    def phases(self, gamma: Tensor) -> Tensor:
-        return torch.addmm(self.offset, self.x * gamma, self.eps.T)
+    def phases(self, gamma: Tensor, x: Tensor | None = None) -> Tensor:
+        return torch.addmm(self.offset, (self.x if x is None else x) * gamma, self.eps.T)
 
-    def features(self, gamma: Tensor) -> Tensor:
-        return self.scale * torch.cos(self.phases(gamma))
+    def features(self, gamma: Tensor, x: Tensor | None = None) -> Tensor:
+        """Z(γ) of the problem's rows, or of the rows ``x``."""
+        return self.scale * torch.cos(self.phases(gamma, x))
 
     def ridge(self, gamma: Tensor, alpha: float) -> Tensor:
         """a = argmin ‖y − Za‖² + λ‖a‖² (Cholesky of ZᵀZ + λI, D×D)."""
@@ -346,7 +347,7 @@ class SRFFRegressor(RegressorMixin, BaseEstimator):
         scores, best, since_best = [], None, 0
         for alpha in self.alphas_:
             gamma, coef, iters = self._fit_one(problem, gamma0, float(alpha))
-            pred = problem.scale * torch.cos(torch.addmm(problem.offset, x_val * gamma, problem.eps.T)) @ coef
+            pred = problem.features(gamma, x_val) @ coef
             scores.append(float(((y_val - pred) ** 2).mean()))
             if best is None or scores[-1] < best[0]:
                 best, since_best = (scores[-1], gamma, coef, float(alpha), iters), 0
