@@ -379,13 +379,11 @@ def _set_noise_bound(model, bound: Tensor, noise: float) -> None:
 
 
 def training_statistics(model) -> SufficientStatistics | None:
-    """The statistics of the model's training rows at the current parameters (``None`` for a model
-    without explicit features, an exact GP)."""
-    features = getattr(model.covar_module, "features", None)
-    if features is None:
+    """The statistics of the model's training rows at the current parameters, summed over chunks
+    within its memory budget (``None`` for a model without explicit features, an exact GP)."""
+    if getattr(model.covar_module, "features", None) is None:
         return None
-    (x,) = model.train_inputs
-    return sufficient_statistics(features(x), model.train_targets - model.mean_module(x))
+    return model.training_statistics()
 
 
 @torch.no_grad()

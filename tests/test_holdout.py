@@ -220,6 +220,30 @@ def test_the_leave_one_out_predictive_is_that_of_the_posterior_without_the_row()
         assert float(variance[row]) == pytest.approx(float(dense_variance), rel=1e-9)
 
 
+def test_the_kept_rows_features_are_formed_a_chunk_at_a_time_within_the_memory_budget():
+    """The calibration sums the kept rows' statistics over chunks of the model's memory budget (never
+    all kept rows' features at once) and still predicts each held-out row as the dense GP of every
+    other row does."""
+    x, y = data(n=60)
+    model = make_model("fsard", 3, num_samples=16)
+    model.likelihood.noise = 0.03
+    model.memory_budget = 8000  # 10 rows a chunk
+    xs, ys = model.standardize(x, y)
+    kept, held = split_rows(60, 0.25, seed=1)
+    model.set_train_data(xs[kept], ys[kept], strict=False)
+    scorer = HeldOut(model, xs[held], ys[held])
+    features, rows = model.covar_module.features, []
+    model.covar_module.features = lambda z: rows.append(z.shape[-2]) or features(z)
+    mean, variance = scorer.calibration_predictive()
+    del model.covar_module.features
+    assert sorted(rows) == sorted([len(held)] + [10] * 4 + [5])  # the held-out rows, then 45 kept rows
+    noise = float(model.likelihood.noise.detach())
+    for row, i in enumerate(held.tolist()):
+        dense_mean, dense_variance = dense_leave_one_out(model, xs, ys, noise, i)
+        assert float(mean[row]) == pytest.approx(float(dense_mean), rel=1e-9, abs=1e-10)
+        assert float(variance[row]) == pytest.approx(float(dense_variance), rel=1e-9)
+
+
 def test_rescale_multiplies_noise_and_signal_by_the_leave_one_out_scale():
     """s* = (h·mean(r²/v) + ν)/(h + ν) of the held-out rows' leave-one-out residuals r and variances v
     (the dense GP's, test above); σ² and σ_f² are both multiplied by it, so their ratio stays."""
