@@ -235,6 +235,38 @@ class FeatureGP(StandardizedGP):
             for s in range(0, n, rows) or [0]))
 
     @torch.no_grad()
+    def prior_variance_ratio(self) -> float:
+        r"""How much more widely a function drawn from the fitted prior would vary over the training inputs
+        than the training targets vary beyond their noise: about 1 where the prior matches the data.
+
+        .. math::
+            \frac{\frac1n\sum_i k(x_i, x_i) - \frac1{n^2}\sum_{ij} k(x_i, x_j)}
+                 {\frac1n\sum_i (y_i - \bar y)^2 - \sigma^2 (n - 1)/n},
+
+        the expected spread of a prior draw over the inputs (k = φᵀφ: from the features' sum and squared norms,
+        a chunk of rows at a time) over what the targets' spread leaves for the function.  Far above 1, the
+        likelihood has inflated σ_f² to fit the targets with large weights on too few features, and far from
+        the training inputs, where the predictive variance returns to k(x, x), the intervals are about √ratio
+        times too wide (docs/calibration.md, "Far from the training inputs").  ``inf`` where the targets vary
+        no more than the noise.
+
+        Raises:
+            ValueError: if the model holds no training rows (a posterior streamed by
+                :meth:`cache_posterior`) or holds a batch of them.
+        """
+        if self.train_inputs is None or self.train_inputs[0].dim() != 2:
+            raise ValueError("prior_variance_ratio needs the model's training rows, unbatched (n, d)")
+        (x,), y = self.train_inputs, self.train_targets
+        n, rows = x.shape[0], self.chunk_rows()
+        total, squares = 0.0, 0.0
+        for s in range(0, n, rows):
+            phi = self.covar_module.features(x[s:s + rows]).double()
+            total, squares = total + phi.sum(0), squares + float((phi**2).sum())
+        prior = squares / n - float((total / n).square().sum())
+        data = float(y.double().var(unbiased=False)) - float(homoskedastic_noise(self.likelihood)) * (n - 1) / n
+        return prior / data if data > 0 else float("inf")
+
+    @torch.no_grad()
     def training_statistics(self) -> SufficientStatistics:
         """The training rows' :class:`~alacarte.woodbury.SufficientStatistics` at the current parameters,
         summed over chunks within the memory budget."""

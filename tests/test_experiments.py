@@ -601,3 +601,23 @@ def test_the_line_search_without_extrapolation_takes_the_first_step_with_suffici
     # At t = 0.01 the slope is still 0.96 of f'(0): strong Wolfe (c2 = 0.9) would extrapolate; this search stops.
     f_new, _, t, evaluations = evaluations_per_iteration.first_sufficient_decrease(along, x, 0.01, d, 1.0, 2 * x, gtd)
     assert (t, evaluations) == (0.01, 1) and f_new < 1.0
+
+
+def test_far_from_data_shell_points_lie_at_their_distance_outside_the_box():
+    """Each shell point's sup-norm distance from the training box, measured by clipping it into the box,
+    is the shell's, and the shells' true posterior variance rises towards the prior's."""
+    import numpy as np
+
+    import far_from_data
+
+    rng = np.random.default_rng(0)
+    for distance in far_from_data.SHELLS:
+        z = far_from_data.shell_points(rng, 200, distance, 2.0, 3)
+        assert np.allclose(np.abs(z - np.clip(z, -2.0, 2.0)).max(1), distance)
+    truth = far_from_data._truth_module()
+    x, y, x_test, _ = far_from_data.draw(truth, 200, 1, np.array([0.5, 0.5, 0.5]))
+    assert np.abs(x).max() <= 2.0 and len(x_test) == far_from_data.PER_SHELL * (1 + len(far_from_data.SHELLS))
+    _, variance = truth.true_posterior(x, y, x_test, np.array([0.5, 0.5, 0.5]))
+    medians = [np.median(variance[k * far_from_data.PER_SHELL:(k + 1) * far_from_data.PER_SHELL])
+               for k in range(1 + len(far_from_data.SHELLS))]
+    assert medians == sorted(medians) and medians[-1] == pytest.approx(truth.SIGNAL + truth.NOISE, rel=1e-3)

@@ -341,3 +341,42 @@ def test_a_feature_gp_without_training_rows_has_the_prior_posterior(training):
     assert torch.equal(posterior.weights, torch.zeros_like(posterior.weights))
     noise = model.likelihood.noise.detach().squeeze()
     torch.testing.assert_close(posterior.cholesky, noise.sqrt() * torch.eye(32, dtype=noise.dtype))
+
+
+def _at_true_kernel(seed: int, outputscale: float):
+    """Fastfood ARD (D = 1 024) at the true kernel of tests/test_calibration.py's draw (ℓ = 0.5), on 400 of its rows."""
+    import numpy as np
+
+    from alacarte.factory import make_model
+    from test_calibration import NOISE, SIGNAL, draw
+
+    lengthscales = np.array([0.5, 0.5, 0.5])
+    x, y, _, _ = draw(400, seed, lengthscales)
+    torch.manual_seed(seed)
+    model = make_model("fastfood-ard", 3, num_samples=512)
+    model.covar_module.lengthscale = torch.as_tensor(lengthscales)
+    model.covar_module.outputscale = SIGNAL * outputscale
+    model.likelihood.noise = NOISE
+    model.set_train_data(torch.as_tensor(x), torch.as_tensor(y), strict=False)
+    return model
+
+
+def test_the_prior_variance_ratio_is_the_dense_kernels_spread_over_the_targets_and_near_1_at_the_truth():
+    """(mean k(xᵢ, xᵢ) − mean k(xᵢ, xⱼ)) / (the targets' spread − σ²(n − 1)/n), summed over chunks, against the
+    dense kernel matrix; about 1 at the kernel that drew the targets, and σ_f² times more at σ_f² times the
+    prior variance (the likelihood's inflation that docs/calibration.md measures far from the data)."""
+    for seed in (1, 2):
+        model = _at_true_kernel(seed, 1.0)
+        model.memory_budget = 2_000_000  # chunks of a few dozen rows
+        assert model.chunk_rows() < 100
+        (x,), y = model.train_inputs, model.train_targets
+        with torch.no_grad():
+            k = model.covar_module(x).to_dense()
+        n = len(y)
+        dense = float(k.diagonal().mean() - k.mean()) / float(y.var(unbiased=False) - model.likelihood.noise * (n - 1) / n)
+        assert model.prior_variance_ratio() == pytest.approx(dense, rel=1e-10)
+        assert 0.8 <= dense <= 1.25
+        assert _at_true_kernel(seed, 300.0).prior_variance_ratio() == pytest.approx(300 * dense, rel=1e-6)
+    model.cache_posterior(x, y)  # a streamed posterior: the model drops its rows
+    with pytest.raises(ValueError, match="training rows"):
+        model.prior_variance_ratio()
