@@ -246,7 +246,7 @@ class FeatureGP(StandardizedGP):
         the expected spread of a prior draw over the inputs (k = φᵀφ: from the features' sum and squared norms,
         a chunk of rows at a time) over what the targets' spread leaves for the function.  Far above 1, the
         likelihood has inflated σ_f² to fit the targets with large weights on too few features, and far from
-        the training inputs, where the predictive variance returns to k(x, x), the intervals are about √ratio
+        the training inputs, where the predictive variance returns to k(x, x) + σ², the intervals are about √ratio
         times too wide (docs/calibration.md, "Far from the training inputs").  ``inf`` where the targets vary
         no more than the noise.
 
