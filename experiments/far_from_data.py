@@ -28,7 +28,6 @@ Rows are appended as they finish; a rerun skips the rows it holds.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import sys
@@ -43,6 +42,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from alacarte import AlaCarteRegressor, load_uci  # noqa: E402
 from alacarte.factory import KERNEL_NAMES  # noqa: E402
 from _csv_rows import append_row, read_rows  # noqa: E402  (experiments/, the script's own folder)
+from calibration_truth import _truth_module  # noqa: E402  (the test's draw, kernel and scores)
 
 SHELLS = (0.5, 1.0, 2.0, 4.0)
 SHIFTS = (0, 1, 3, 10)
@@ -51,15 +51,6 @@ TRUTH_FIELDS = ["kernel", "lengthscales", "n", "seed", "draws", "where", "covera
                 "true_nlpd", "variance_ratio", "true_variance", "seconds", "num_samples", "prior_variance_ratio"]
 UCI_FIELDS = ["dataset", "kernel", "n", "draws", "shift", "rmse", "median_std", "y_std", "prior_variance", "noise",
               "excess", "seconds"]
-
-
-def _truth_module():
-    """The test's kernel, true posterior and scores, so the experiment and the test share one definition."""
-    path = Path(__file__).resolve().parents[1] / "tests" / "test_calibration.py"
-    spec = importlib.util.spec_from_file_location("calibration_truth_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def shell_points(rng: np.random.Generator, count: int, distance: float, half_width: float, d: int) -> np.ndarray:
