@@ -151,12 +151,15 @@ def elements(*tensors) -> int:
 
 
 def check_matching_state(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], field: str) -> None:
-    """``state`` (from a file) has exactly the keys, shapes and dtypes of ``expected`` (the built module's)."""
-    missing, extra = [k for k in expected if k not in state], [k for k in state if k not in expected]
+    """``state`` (from a file) has exactly the keys, shapes and dtypes of ``expected`` (the built module's),
+    but for a model's ``band_scale``, which a state may leave out (loading fills in 1)."""
+    missing = [k for k in expected if k not in state and k.split(".")[-1] != "band_scale"]
+    extra = [k for k in state if k not in expected]
     if missing or extra:
         fail(field, f"does not fit the model its configuration builds (missing {missing[:5]}, unexpected {extra[:5]})")
     for key, value in expected.items():
-        check_tensor(state[key], f"{field}[{key!r}]", tuple(value.shape), (value.dtype,))
+        if key in state:
+            check_tensor(state[key], f"{field}[{key!r}]", tuple(value.shape), (value.dtype,))
 
 
 # -- records ----------------------------------------------------------------------------

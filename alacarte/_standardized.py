@@ -55,12 +55,24 @@ def shifted_mean(t: Tensor) -> Tensor:
 
 
 
+def _band_scale_default(state_dict, prefix, *args) -> None:
+    # A state without the band's scale (it is optional in a saved model) is a model whose band is unscaled.
+    if prefix + "target_scale" in state_dict:
+        state_dict.setdefault(prefix + "band_scale", torch.ones_like(state_dict[prefix + "target_scale"]))
+
+
 class StandardizedGP(ExactGP):
     """ExactGP plus affine input/target standardisation kept in buffers.
 
     ``memory_budget`` (bytes, or ``None`` for :data:`~alacarte.streaming.DEFAULT_MEMORY_BUDGET`)
     bounds each chunk of :meth:`predict` and of posterior draws; :func:`alacarte.fit` and
-    ``cache_posterior`` set it to the budget they were given."""
+    ``cache_posterior`` set it to the budget they were given.
+
+    ``band_scale`` (a buffer, 1 unless a fit's held-out rows set the band) is the factor s by which
+    :meth:`alacarte.holdout.HeldOut.calibrate` multiplied σ_f² and σ².  It widens the posterior
+    between the training rows, where a finite feature map's is too sure, but no latent variance past
+    the prior's expected squared error of the predictive mean, k(x, x)/s + (m(x) − μ)², with the prior
+    the likelihood fitted; a joint covariance keeps its correlations (:meth:`band_factor`)."""
 
     def __init__(self, train_x, train_y, likelihood: GaussianLikelihood | None, num_dims: int):
         num_dims = check_positive_int(num_dims, "num_dims")
@@ -80,6 +92,8 @@ class StandardizedGP(ExactGP):
         self.register_buffer("input_scale", torch.ones(num_dims))
         self.register_buffer("target_offset", torch.zeros(()))
         self.register_buffer("target_scale", torch.ones(()))
+        self.register_buffer("band_scale", torch.ones(()))
+        self._register_load_state_dict_pre_hook(_band_scale_default)
         self.memory_budget: int | None = None
 
     # -- units --------------------------------------------------------------------------
@@ -172,6 +186,18 @@ class StandardizedGP(ExactGP):
 
     def _has_data(self) -> bool:
         return self.train_inputs is not None
+
+    def band_factor(self, latent_variance: Tensor, prior_variance: Tensor, mean_offset: Tensor) -> Tensor | None:
+        """The factor c = √min(1, b/v) by which each point's latent deviation is multiplied, so that its
+        variance v is at most b = k(x, x)/s + (m(x) − μ)², the expected squared error of the predictive mean m
+        under the prior the likelihood fitted (mean μ, variance k(x, x)/s; ``prior_variance``: k(x, x) at the
+        model's scaled σ_f², ``mean_offset``: m(x) − μ).  A GP posterior's variance never exceeds it; the
+        band's scale s may, where the rows are far.  ``None`` where s is at most 1, so nothing is bounded."""
+        scale = float(self.band_scale)
+        if scale <= 1.0:
+            return None
+        bound = prior_variance / scale + mean_offset.square()
+        return (bound / latent_variance.clamp_min(torch.finfo(latent_variance.dtype).tiny)).clamp_max(1.0).sqrt()
 
     def chunk_rows(self, memory_budget: int | None = None) -> int:
         """Rows per chunk of :meth:`predict` and of posterior draws within ``memory_budget`` bytes.

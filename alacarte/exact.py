@@ -8,6 +8,7 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
+from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.errors import NanError, NotPSDError
 from torch import Tensor
 
@@ -99,7 +100,14 @@ class ExactRBFGP(StandardizedGP):
         output = super().__call__(*args, **kwargs)
         if not cached and self.prediction_strategy is not None:
             self._strategy_parameters = self._parameter_snapshot()
-        return output
+        if len(args) != 1 or gpytorch.settings.prior_mode.on():
+            return output
+        factor = self.band_factor(output.variance, self.covar_module(args[0], diag=True),
+                                  output.mean - self.mean_module(args[0]))
+        if factor is None:
+            return output
+        bound = DiagLinearOperator(factor)
+        return MultivariateNormal(output.mean, bound @ output.lazy_covariance_matrix @ bound)
 
     def forward(self, x: Tensor) -> MultivariateNormal:
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))

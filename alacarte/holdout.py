@@ -301,7 +301,8 @@ class HeldOut:
         log σ² for the lowest score of the held-out rows, each predicted from all other rows
         (:meth:`calibration_score`), then multiply σ² and σ_f² by that σ²'s s* — for a feature GP
         with at least :data:`TAIL_ROWS` held-out rows, s* counted on every row
-        (:meth:`every_row_scale`).
+        (:meth:`every_row_scale`) — and the model's ``band_scale`` with them, which bounds every
+        variance by the prior the likelihood fitted (:meth:`~alacarte.models.StandardizedGP.band_factor`).
 
         The constraint's lower bound guards the marginal likelihood, which σ² → 0 can reward on
         rows it has seen; the held-out rows have not been seen.  Where the search ends on the
@@ -350,12 +351,16 @@ class HeldOut:
                     and signal[0].requires_grad)
 
     def _scaled(self, scale: float, noise: float, floor: Tensor, relax: bool) -> tuple[float, float]:
-        """Set σ² to ``noise``·``scale`` and multiply σ_f² by ``scale``; with ``relax``, below the
-        constraint's ``floor`` if the value asks it (down to 5e-7)."""
+        """Set σ² to ``noise``·``scale`` and multiply σ_f² by ``scale`` (and the model's ``band_scale`` by the
+        factor σ_f² took within its constraint); with ``relax``, below the constraint's ``floor`` if the value
+        asks it (down to 5e-7)."""
         value = noise * scale
         relaxed = floor.clamp_max(_NOISE_RANGE[0] / 2)
         _set_noise_bound(self.model, relaxed if relax and value < 2 * float(floor.max()) else floor, value)
+        _, module, name = signal_variance_parameter(self.model)
+        before = getattr(module, name).detach().clone()
         scale_signal(self.model, scale)
+        self.model.band_scale.mul_((getattr(module, name).detach() / before).mean())
         return float(self.model.likelihood.noise.min()), scale
 
     def _search(self, measure, low: float, high: float, best: tuple[float, float]) -> tuple[float, float]:
@@ -433,4 +438,5 @@ def maximize_band_likelihood(model) -> tuple[float, float] | None:
     factor, noise = (float(v) for v in np.exp(found.x))
     set_noise(model, noise)
     scale_signal(model, factor)
+    model.band_scale.fill_(1.0)  # σ_f² is the likelihood's again
     return float(model.likelihood.noise.min()), factor

@@ -40,7 +40,11 @@ class FunctionSamples:
     targets' original units, in O(D) per point and draw, in chunks of rows as
     :meth:`~FeatureGP.predict` (memory: the k×m draws and one chunk's features).
     The draws stay the functions drawn: later changes to the model (a refit) do
-    not change them.
+    not change them.  Where the band's scale bounds the variance (``band_scale``
+    above 1: :meth:`~alacarte.models.StandardizedGP.band_factor`), each point's
+    deviation from the posterior mean is multiplied by its factor, which costs
+    O(D²) per point, so the draws have the covariance :meth:`FeatureGP.predict` and
+    ``model(x)`` give.
     """
 
     def __init__(self, model: "FeatureGP", weights: Tensor):
@@ -65,9 +69,15 @@ class FunctionSamples:
         f, rows = None, model.chunk_rows()
         for start in range(0, inner.shape[0], rows):
             part = inner[start : start + rows]
-            values = model.mean_module(part).unsqueeze(-1) + model.covar_module.features(part) @ weights
+            phi = model.covar_module.features(part)
+            values = phi @ weights
+            if float(model.band_scale) > 1:
+                posterior = model._posterior  # the one the weights were drawn from
+                centre = posterior.mean(phi).unsqueeze(-1)
+                values = centre + (values - centre) * model._deviation_root(posterior, phi)[1].unsqueeze(-1)
+            values = model.mean_module(part).unsqueeze(-1) + values
             f = into_rows(f, values.transpose(-1, -2), start, inner.shape[0])
-            del values
+            del values, phi
         f = f * model.target_scale + model.target_offset
         model.refuse_overflowed_rows(f)
         return f
@@ -243,12 +253,13 @@ class FeatureGP(StandardizedGP):
             \frac{\frac1n\sum_i k(x_i, x_i) - \frac1{n^2}\sum_{ij} k(x_i, x_j)}
                  {\frac1n\sum_i (y_i - \bar y)^2 - \sigma^2 (n - 1)/n},
 
-        the expected spread of a prior draw over the inputs (k = φᵀφ: from the features' sum and squared norms,
-        a chunk of rows at a time) over what the targets' spread leaves for the function.  Far above 1, the
-        likelihood has inflated σ_f² to fit the targets with large weights on too few features, and far from
-        the training inputs, where the predictive variance returns to k(x, x) + σ², the intervals are about √ratio
-        times too wide (docs/calibration.md, "Far from the training inputs").  ``inf`` where the targets vary
-        no more than the noise.
+        the expected spread of a prior draw over the inputs (k = φᵀφ/s: from the features' sum and squared
+        norms, a chunk of rows at a time, at the prior the likelihood fitted, before the band's scale s) over
+        what the targets' spread leaves for the function.  Far above 1, the likelihood has inflated σ_f² to fit
+        the targets with large weights on too few features, and far from the training inputs, where the
+        predictive variance returns to the prior's, the intervals are about √ratio times too wide
+        (docs/calibration.md, "Far from the training inputs").  ``inf`` where the targets vary no more than
+        the noise.
 
         Raises:
             ValueError: if the model holds no training rows (a posterior streamed by
@@ -262,8 +273,10 @@ class FeatureGP(StandardizedGP):
         for s in range(0, n, rows):
             phi = self.covar_module.features(x[s:s + rows]).double()
             total, squares = total + phi.sum(0), squares + float((phi**2).sum())
-        prior = squares / n - float((total / n).square().sum())
-        data = float(y.double().var(unbiased=False)) - float(homoskedastic_noise(self.likelihood)) * (n - 1) / n
+        scale = float(self.band_scale)
+        prior = (squares / n - float((total / n).square().sum())) / scale
+        noise = float(homoskedastic_noise(self.likelihood)) / scale
+        data = float(y.double().var(unbiased=False)) - noise * (n - 1) / n
         return prior / data if data > 0 else float("inf")
 
     @torch.no_grad()
@@ -335,7 +348,16 @@ class FeatureGP(StandardizedGP):
             return super().__call__(*args, **kwargs)
         x = check_inputs(as_tensor(args[0], "x", self._model_dtype(), self.input_offset.device), "x", self.num_dims)
         posterior, phi, mean = self._posterior_mean(x)
-        return MultivariateNormal(mean, LowRankRootLinearOperator(posterior.whiten(phi)))
+        return MultivariateNormal(mean, LowRankRootLinearOperator(self._deviation_root(posterior, phi)[0]))
+
+    def _deviation_root(self, posterior: WoodburyPosterior, phi: Tensor) -> tuple[Tensor, Tensor | None]:
+        """A root R of the latent posterior covariance at the rows of φ* (RRᵀ, each row's variance bounded by
+        :meth:`band_factor`) and the factor each row was multiplied by (``None``: 1)."""
+        root = posterior.whiten(phi)
+        if float(self.band_scale) <= 1:
+            return root, None
+        factor = self.band_factor(root.pow(2).sum(-1), phi.pow(2).sum(-1), posterior.mean(phi))
+        return root * factor.unsqueeze(-1), factor
 
     def _posterior_mean(self, x: Tensor) -> tuple[WoodburyPosterior, Tensor, Tensor]:
         """The posterior, the test features φ* and the predictive mean μ + φ*ᵀA⁻¹Φᵀr."""
@@ -399,4 +421,4 @@ class FeatureGP(StandardizedGP):
 
     def _predict_internal(self, x: Tensor, mean_only: bool) -> tuple[Tensor, Tensor | None]:
         posterior, phi, mean = self._posterior_mean(x)
-        return mean, None if mean_only else posterior.latent_variance(phi)
+        return mean, None if mean_only else self._deviation_root(posterior, phi)[0].pow(2).sum(-1)

@@ -48,9 +48,10 @@ SHELLS = (0.5, 1.0, 2.0, 4.0)
 SHIFTS = (0, 1, 3, 10)
 PER_SHELL = 300
 TRUTH_FIELDS = ["kernel", "lengthscales", "n", "seed", "draws", "where", "coverage95", "true_coverage95", "nlpd",
-                "true_nlpd", "variance_ratio", "true_variance", "seconds", "num_samples", "prior_variance_ratio"]
+                "true_nlpd", "variance_ratio", "true_variance", "seconds", "num_samples", "prior_variance_ratio",
+                "band_scale"]
 UCI_FIELDS = ["dataset", "kernel", "n", "draws", "shift", "rmse", "median_std", "y_std", "prior_variance", "noise",
-              "excess", "seconds"]
+              "excess", "seconds", "band_scale"]
 
 
 def shell_points(rng: np.random.Generator, count: int, distance: float, half_width: float, d: int) -> np.ndarray:
@@ -91,6 +92,7 @@ def run_truth(csv_path: Path, kernels, lengthscale_sets, n: int, seeds, num_samp
                 mean, std = reg.predict(x_test, return_std=True)
                 ratio = ";".join(f"{model.prior_variance_ratio():.4g}" for model in reg.models_
                                  if hasattr(model, "prior_variance_ratio"))
+                bands = ";".join(f"{float(model.band_scale):.4g}" for model in reg.models_)
                 for k, where in enumerate(["inside"] + [f"+{s:g}" for s in SHELLS]):
                     part = slice(k * PER_SHELL, (k + 1) * PER_SHELL)
                     m, v, t, tv = mean[part], std[part] ** 2, y_test[part], true_var[part]
@@ -100,29 +102,31 @@ def run_truth(csv_path: Path, kernels, lengthscale_sets, n: int, seeds, num_samp
                            "nlpd": f"{truth.nlpd(m, v, t):.4f}", "true_nlpd": f"{truth.nlpd(true_mean[part], tv, t):.4f}",
                            "variance_ratio": f"{float(np.median(v / tv)):.4g}",
                            "true_variance": f"{float(np.median(tv)):.4g}", "seconds": f"{seconds:.1f}",
-                           "num_samples": num_samples, "prior_variance_ratio": ratio}
+                           "num_samples": num_samples, "prior_variance_ratio": ratio, "band_scale": bands}
                     append_row(csv_path, TRUTH_FIELDS, row)
                 print(kernel, text, n, seed, f"{seconds:.0f} s", flush=True)
 
 
 @torch.no_grad()
-def _prior_and_noise(reg) -> tuple[str, str, str]:
-    """Each draw's k(x, x), σ² and excess (standardised targets), ';'-joined.
+def _prior_and_noise(reg) -> tuple[str, str, str, str]:
+    """Each draw's k(x, x), σ², excess and band scale b (standardised targets), ';'-joined.
 
     The excess is ``FeatureGP.prior_variance_ratio`` on up to 1 000 training rows, for exact GPs too:
-    k(x, x)·(1 − ρ̄)/(s² − σ²), ρ̄ the mean correlation of pairs of those rows, s² the training targets'
-    variance; about 1 where the fitted prior matches the data."""
-    prior, noise, excess = [], [], []
+    k(x, x)·(1 − ρ̄)/b/(s² − σ²/b), ρ̄ the mean correlation of pairs of those rows, s² the training targets'
+    variance; about 1 where the prior the likelihood fitted matches the data."""
+    prior, noise, excess, bands = [], [], [], []
     for model in reg.models_:
         (x,), y = model.train_inputs, model.train_targets
         x = x[torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:1000]]
         k = model.covar_module(x).to_dense()
         diagonal = float(k.diagonal().mean())
         rho = (float(k.sum()) - float(k.trace())) / (len(x) * (len(x) - 1)) / diagonal
+        band = float(model.band_scale)
         prior.append(diagonal)
         noise.append(float(model.likelihood.noise.reshape(-1)[0]))
-        excess.append(diagonal * (1 - rho) / (float(y.var()) - noise[-1]))
-    return tuple(";".join(f"{v:.4g}" for v in values) for values in (prior, noise, excess))
+        excess.append(diagonal * (1 - rho) / band / (float(y.var()) - noise[-1] / band))
+        bands.append(band)
+    return tuple(";".join(f"{v:.4g}" for v in values) for values in (prior, noise, excess, bands))
 
 
 def run_uci(csv_path: Path, kernels, datasets, split: int, data_dir: str | None) -> None:
@@ -140,7 +144,7 @@ def run_uci(csv_path: Path, kernels, datasets, split: int, data_dir: str | None)
             start = time.perf_counter()
             reg = AlaCarteRegressor(kernel).fit(x, y)
             seconds = time.perf_counter() - start
-            prior, noise, excess = _prior_and_noise(reg)
+            prior, noise, excess, bands = _prior_and_noise(reg)
             for shift in SHIFTS:
                 moved = x_test.copy()
                 moved[np.arange(len(moved)), columns] += shift * signs * scale[columns]
@@ -149,13 +153,14 @@ def run_uci(csv_path: Path, kernels, datasets, split: int, data_dir: str | None)
                 append_row(csv_path, UCI_FIELDS, {
                     "dataset": name, "kernel": kernel, "n": len(y), "draws": len(reg.models_), "shift": shift,
                     "rmse": f"{rmse:.4g}", "median_std": f"{float(np.median(std)):.4g}", "y_std": f"{float(y.std()):.4g}",
-                    "prior_variance": prior, "noise": noise, "excess": excess, "seconds": f"{seconds:.1f}"})
+                    "prior_variance": prior, "noise": noise, "excess": excess, "seconds": f"{seconds:.1f}",
+                    "band_scale": bands})
             print(name, kernel, f"{seconds:.0f} s", flush=True)
 
 
 def report_truth(rows: list[dict]) -> list[str]:
     lines = ["| truth ℓ | kernel | D | draws | seeds | where | 95% coverage (true posterior's) | NLPD − true | "
-             "variance / true | prior variance ratio |", "|---|---|---|---:|---:|---|---|---:|---:|---|"]
+             "variance / true | prior variance ratio | band scale |", "|---|---|---|---:|---:|---|---|---:|---:|---|---|"]
     for r in rows:  # rows from before the columns: the estimator's default D, ratio not recorded
         r["kernel"] = r["kernel"] if r.get("num_samples", "auto") == "auto" else f"{r['kernel']}@{2 * int(r['num_samples'])}"
     keys = sorted({(r["lengthscales"], r["kernel"], int(r["n"]), r["where"]) for r in rows},
@@ -164,25 +169,26 @@ def report_truth(rows: list[dict]) -> list[str]:
         cell = [r for r in rows if (r["lengthscales"], r["kernel"], int(r["n"]), r["where"]) == (text, kernel, n, where)]
         mean = lambda field: float(np.mean([float(r[field]) for r in cell]))  # noqa: E731
         name, _, features = kernel.partition("@")
-        ratio = (cell[0].get("prior_variance_ratio") or "").replace(";", ", ") if where == "inside" else ""
+        ratio, band = ((cell[0].get(f) or "").replace(";", ", ") if where == "inside" else ""
+                       for f in ("prior_variance_ratio", "band_scale"))
         lines.append(f"| {text} | {name} | {features or 'default'} | {cell[0]['draws']} | {len(cell)} | {where} | "
                      f"{mean('coverage95'):.3f} ({mean('true_coverage95'):.3f}) | "
                      f"{mean('nlpd') - mean('true_nlpd'):+.2f} | {float(np.median([float(r['variance_ratio']) for r in cell])):.3g} | "
-                     f"{ratio} |")
+                     f"{ratio} | {band} |")
     return lines
 
 
 def report_uci(rows: list[dict]) -> list[str]:
     shifts = " | ".join(f"std at {s} sd" for s in SHIFTS)
-    lines = [f"| dataset (n) | kernel | draws | test RMSE | {shifts} | k(x, x), standardised | σ², standardised | prior variance ratio |",
-             "|---|---|---:|---:|" + "---:|" * len(SHIFTS) + "---|---|---|"]
+    lines = [f"| dataset (n) | kernel | draws | test RMSE | {shifts} | k(x, x), standardised | σ², standardised | "
+             "prior variance ratio | band scale |", "|---|---|---:|---:|" + "---:|" * len(SHIFTS) + "---|---|---|---|"]
     for name, kernel in dict.fromkeys((r["dataset"], r["kernel"]) for r in rows):
         cell = {int(r["shift"]): r for r in rows if (r["dataset"], r["kernel"]) == (name, kernel)}
         first = cell[SHIFTS[0]]
         stds = " | ".join(f"{float(cell[s]['median_std']):.3g}" if s in cell else "" for s in SHIFTS)
         lines.append(f"| {name} ({first['n']}) | {kernel} | {first['draws']} | {float(first['rmse']):.3g} | {stds} | "
                      f"{first['prior_variance'].replace(';', ', ')} | {first['noise'].replace(';', ', ')} | "
-                     f"{first['excess'].replace(';', ', ')} |")
+                     f"{first['excess'].replace(';', ', ')} | {(first.get('band_scale') or '').replace(';', ', ')} |")
     return lines
 
 

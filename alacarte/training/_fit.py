@@ -75,7 +75,10 @@ def fit(
     iterations without a better one, the restarts and the refit are chosen by that
     score, and then σ² and the scale of σ_f² and σ² are set to minimise it (σ² may
     go below the noise constraint's lower bound, which guards the likelihood, not
-    the held-out rows; the bound is then lowered with it).  The
+    the held-out rows; the bound is then lowered with it).  The scale widens the
+    band between the rows but no latent variance past the expected squared error of
+    the predictive mean under the prior the likelihood fitted, σ_f² before the scale
+    plus the mean's distance from the prior mean squared (``model.band_scale``).  The
     posterior is conditioned on all rows.  Learned spectra otherwise over-fit the
     likelihood — they tune the finite feature map until it interpolates the
     training targets — and a finite map's posterior variance between the training
@@ -272,7 +275,8 @@ class _Data:
 
 def _prepare_data(model, x, y, *, restarts: int, standardize: bool, seed: int | None, validation_fraction,
                   chunk_size, memory_budget, statistics_dtype) -> _Data:
-    """Read and check the data, standardise it, and hold rows out; the model is given its training rows."""
+    """Read and check the data, standardise it, and hold rows out; the model is given its training rows
+    (and an unscaled band: σ_f² is the likelihood's until the held-out rows scale it)."""
     streamed = is_streamed_input(x, y, chunk_size, memory_budget, statistics_dtype)
     fraction = resolve_fraction(validation_fraction, model, streamed)  # before any pass over the data
     if streamed:
@@ -294,6 +298,7 @@ def _prepare_data(model, x, y, *, restarts: int, standardize: bool, seed: int | 
             getattr(model, name).zero_()
         for name in ("input_scale", "target_scale"):
             getattr(model, name).fill_(1.0)
+    model.band_scale.fill_(1.0)
     if streamed:
         model.train_inputs, model.train_targets = None, None
         initial = data.sample(model) if restarts else None

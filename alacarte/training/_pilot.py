@@ -161,11 +161,12 @@ def fit_pilot(model: FeatureGP, x, y, *, rows: int = PILOT_ROWS, num_samples: in
 @torch.no_grad()
 def _take_hyperparameters(model: FeatureGP, pilot: FeatureGP) -> None:
     """The pilot's learned state into the model: its kernel widened back to the model's own draw, its
-    likelihood (σ² and its bound) and mean."""
+    likelihood (σ² and its bound), mean and band scale."""
     kernel = model.covar_module
     model.covar_module.load_state_dict(pilot.covar_module.widened(kernel.num_samples, kernel.seed).state_dict())
     model.likelihood.load_state_dict(pilot.likelihood.state_dict())
     model.mean_module.load_state_dict(pilot.mean_module.state_dict())
+    model.band_scale.copy_(pilot.band_scale)  # σ_f² comes scaled by the pilot's band
 
 
 def _conditioned(model: FeatureGP, x_out: torch.Tensor, y_out: torch.Tensor
