@@ -12,7 +12,8 @@ With ``--num-samples`` and ``--num-draws`` the estimator's D and draws are set, 
 
 ``uci``: a UCI split's test rows, each moved k training standard deviations along one random
 input; per kernel the median predictive standard deviation (target units), the prior variance
-k(x, x) of every draw (standardised targets) and its prior variance ratio, to set beside exact ARD's.
+k(x, x) of every draw (standardised targets), its prior variance ratio and its band scale, to set beside
+exact ARD's.
 
 Rows are appended as they finish; a rerun skips the rows it holds.
 
@@ -21,7 +22,7 @@ Rows are appended as they finish; a rerun skips the rows it holds.
     python experiments/far_from_data.py truth --csv experiments/results/far_from_data_truth_d.csv \
         --lengthscales 0.5,0.5,0.5 --kernels fastfood-ard --num-samples 512 --num-draws 1   # then 1024, fsard
     python experiments/far_from_data.py uci --csv experiments/results/far_from_data_uci.csv \
-        --datasets concrete housing --kernels exact-ard gm fsard
+        --datasets concrete yacht energy airfoil pendulum servo --kernels exact-ard gm fsard
     python experiments/far_from_data.py report experiments/results/far_from_data_truth.csv \
         experiments/results/far_from_data_truth_d.csv experiments/results/far_from_data_uci.csv
 """
