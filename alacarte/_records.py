@@ -331,7 +331,7 @@ def check_regressor_record(record: Any, param_names: list[str]) -> None:
     if not (type(width) is int and width == n_features):  # (width: whatever the file holds)
         fail("record.fitted.n_features_in_", f"{n_features}, but the model's num_dims is {width!r:.20}")
     more = check_list(fitted.get("more_models", []), "record.fitted.more_models",
-                      lambda v, f: isinstance(v, dict) and v.get("num_dims") == width
+                      lambda v, f: isinstance(v, dict) and type(v.get("num_dims")) is int and v["num_dims"] == width
                       or fail(f, f"expected a model record with num_dims {width}"))
     draws = params.get("num_draws", 1)
     counts = (1, AUTO_DRAWS) if draws == "auto" else (draws,) if type(draws) is int else ()  # "auto": as resolved
