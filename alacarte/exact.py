@@ -100,8 +100,8 @@ class ExactRBFGP(StandardizedGP):
         output = super().__call__(*args, **kwargs)
         if not cached and self.prediction_strategy is not None:
             self._strategy_parameters = self._parameter_snapshot()
-        if len(args) != 1 or gpytorch.settings.prior_mode.on():
-            return output
+        if len(args) != 1 or gpytorch.settings.prior_mode.on() or float(self.band_scale) <= 1:
+            return output  # (before output.variance: a mean-only prediction computes no variance)
         factor = self.band_factor(output.variance, self.covar_module(args[0], diag=True),
                                   output.mean - self.mean_module(args[0]))
         if factor is None:
